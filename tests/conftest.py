@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny random GPT-2 checkpoints built here (nothing is downloaded), loaded once per session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+TINY_GPT2 = dict(
+    vocab_size=97,
+    n_positions=64,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    # A wide init spreads the logits, so greedy choices are not near-ties that float noise could flip.
+    initializer_range=0.3,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def build_hf_gpt2(directory, seed: int = 0, **overrides):
+    """Saves a random HF PyTorch GPT-2 (safetensors) to `directory` and returns the torch model (eval mode)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(**{**TINY_GPT2, **overrides}, attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """(directory, HF torch model) of the shared tiny GPT-2."""
+    directory = tmp_path_factory.mktemp("tiny_gpt2")
+    return str(directory), build_hf_gpt2(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint):
+    """Our Keras GPT-2 loaded from the shared checkpoint (its compiled programs are shared by the tests)."""
+    from tfgen import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint[0])
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_checkpoint):
+    return tiny_checkpoint[1]
+
+
+def left_padded_batch(rows, pad_token_id: int = 0):
+    """Left-pads lists of ids: returns (input_ids, attention_mask) int32 numpy arrays."""
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_token_id, np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = row
+        mask[index, width - len(row) :] = 1
+    return ids, mask
+
+
+def word_level_tokenizer():
+    """A word-level `tfgen.Tokenizer` over the tiny model's 97 ids: <pad>=0, <s>=1, </s>=2, "w3" ... "w96"."""
+    import tokenizers
+
+    from tfgen import Tokenizer
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, TINY_GPT2["vocab_size"])}}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(backend, eos_token="</s>", pad_token="<pad>", bos_token="<s>")

@@ -1,0 +1,342 @@
+"""Batch generation: exact per-row results, 2 replicas == 1 device, crash-and-resume, bad input.
+
+Every test uses prompts of at most 16 tokens and 8 new tokens, batch 4, so the in-process tests share two compiled
+programs (greedy, sampling) with each other; the subprocess tests compile their own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgen import Tokenizer
+from tfgen.batch import KILL_AFTER_BYTES_ENV, batch_generate, row_seeds, run_batch_job
+from tfgen.cli import main
+
+from conftest import word_level_tokenizer
+
+BATCH = 4
+MAX_NEW = 8
+SEED = (3, 4)
+SAMPLE = dict(do_sample=True, max_new_tokens=MAX_NEW)
+GREEDY = dict(do_sample=False, max_new_tokens=MAX_NEW)
+_rng = np.random.default_rng(0)
+# Ragged lengths (1-14 tokens), so groups need left padding and sorting reorders rows.
+PROMPT_IDS = [_rng.integers(3, 97, size=int(n)).tolist() for n in _rng.integers(1, 15, size=10)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint plus the word-level tokenizer ("w3" ... "w96"), as `tfgen batch --model` expects."""
+    directory = tmp_path_factory.mktemp("batch_model")
+    shutil.copytree(tiny_checkpoint[0], directory, dirs_exist_ok=True)
+    word_level_tokenizer().save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return Tokenizer.from_pretrained(model_dir)
+
+
+def generated_alone(model, prompt, seed=None, **options):
+    """(token_ids, finish_reason) of `model.generate` on the prompt alone, cut after the first eos.
+
+    The prompt goes in as BATCH identical rows (each with the row's key), which is the same as alone since rows
+    never see each other, and shares the compiled program of the batch jobs below.
+    """
+    eos = options.get("eos_token_id", model.generation_config.eos_token_id)
+    seeds = None if seed is None else np.repeat(seed, BATCH, axis=0)
+    row = model.generate(np.array([prompt] * BATCH), seed=seeds, **options).numpy()[0, len(prompt) :].tolist()
+    if eos in row:
+        return row[: row.index(eos) + 1], "eos"
+    return row, "length"
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def test_greedy_rows_equal_generate_alone(tiny_model):
+    # An eos that row 0 produces early (found by a plain greedy run), so "eos" endings and trimming get exercised.
+    eos = generated_alone(tiny_model, PROMPT_IDS[0], **GREEDY)[0][2]
+    options = dict(GREEDY, eos_token_id=eos, pad_token_id=0)
+    results = batch_generate(tiny_model, PROMPT_IDS, batch_size=BATCH, window=6, **options)
+    assert [result["id"] for result in results] == list(range(len(PROMPT_IDS)))
+    for prompt, result in zip(PROMPT_IDS, results):
+        tokens, reason = generated_alone(tiny_model, prompt, **options)
+        assert (result["token_ids"], result["finish_reason"]) == (tokens, reason)
+        assert result["text"] is None  # no tokenizer
+    assert results[0]["finish_reason"] == "eos" and results[0]["token_ids"][-1] == eos
+    assert any(result["finish_reason"] == "length" for result in results)
+
+
+def test_sampled_rows_depend_on_job_seed_and_id_only(tiny_model):
+    rows = [{"id": f"row-{index}", "input_ids": prompt} for index, prompt in enumerate(PROMPT_IDS)]
+    results = batch_generate(tiny_model, rows, batch_size=BATCH, window=6, seed=SEED, **SAMPLE)
+    for row, result in zip(rows, results):
+        expected = generated_alone(tiny_model, row["input_ids"], seed=row_seeds(SEED, [row["id"]]), **SAMPLE)
+        assert (result["token_ids"], result["finish_reason"]) == expected
+    # Other batches, order and window: every row keeps its tokens.
+    shuffled = batch_generate(tiny_model, rows[::-1], batch_size=BATCH, window=4, seed=SEED, **SAMPLE)
+    assert shuffled == results[::-1]
+    other_seed = batch_generate(tiny_model, rows, batch_size=BATCH, window=6, seed=(5, 6), **SAMPLE)
+    assert [r["token_ids"] for r in other_seed] != [r["token_ids"] for r in results]
+    # Keys come from the id's JSON text: the integer 1 and the string "1" are different rows.
+    assert (row_seeds(SEED, [1]) != row_seeds(SEED, ["1"])).any()
+
+
+_TWO_REPLICAS = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tfgen import AutoModelForCausalLM
+from tfgen.batch import batch_generate
+model_dir, prompts = sys.argv[1], json.loads(sys.argv[2])
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with mirrored.scope():
+    mirrored_model = AutoModelForCausalLM.from_pretrained(model_dir)
+report = {"replicas": mirrored.num_replicas_in_sync}
+for name, options in json.loads(sys.argv[3]).items():
+    report[name] = batch_generate(mirrored_model, prompts, strategy=mirrored, **options)
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_two_cpu_replicas_equal_one_device(tiny_model, model_dir):
+    # 10 rows, window 10, batch 4: groups of 4, 4 and 2 rows, so the second step also runs a filler group.
+    runs = {
+        "greedy": dict(batch_size=BATCH, window=10, **GREEDY),
+        "sampled": dict(batch_size=BATCH, window=10, seed=SEED, **SAMPLE),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_REPLICAS, model_dir, json.dumps(PROMPT_IDS), json.dumps(runs)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["replicas"] == 2
+    for name, options in runs.items():
+        single_device = batch_generate(tiny_model, PROMPT_IDS, **options)
+        assert report[name] == json.loads(json.dumps(single_device)), name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Files: resume, bad input
+
+
+def short_and_long_prompts():
+    """16 prompts of 1-12 words (16-token bucket), then 16 of 20-30 words (32-token bucket)."""
+    rng = np.random.default_rng(1)
+    counts = list(rng.integers(1, 13, size=16)) + list(rng.integers(20, 31, size=16))
+    return [
+        {"id": f"q{index}", "prompt": " ".join(f"w{token}" for token in rng.integers(3, 97, size=int(count)))}
+        for index, count in enumerate(counts)
+    ]
+
+
+@pytest.fixture(scope="module")
+def resumable_job(tiny_model, tokenizer, tmp_path_factory):
+    """(input path, reference output path, CLI arguments) of an uninterrupted in-process run."""
+    directory = tmp_path_factory.mktemp("batch_job")
+    prompts = write_jsonl(directory / "prompts.jsonl", short_and_long_prompts())
+    reference = str(directory / "reference.jsonl")
+    result = run_batch_job(
+        tiny_model, prompts, reference, tokenizer=tokenizer, batch_size=BATCH, window=8, seed=SEED,
+        progress=False, **SAMPLE,
+    )
+    assert (result.rows, result.skipped, result.resumed_from) == (32, 0, 0)
+    arguments = ["--input", prompts, "--batch-size", str(BATCH), "--window", "8", "--seed", *map(str, SEED),
+                 "--do-sample", "--max-new-tokens", str(MAX_NEW), "--strategy", "default"]
+    return prompts, reference, arguments
+
+
+def cli(model_dir, arguments, output, **popen_options):
+    command = [sys.executable, "-m", "tfgen.cli", "batch", "--model", model_dir, "--output", output, *arguments]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_options)
+
+
+@pytest.mark.slow
+def test_cli_killed_twice_then_resumed_equals_uninterrupted_run(model_dir, resumable_job, tmp_path):
+    _, reference, arguments = resumable_job
+    with open(reference, "rb") as file:
+        reference_lines = file.readlines()
+    output = str(tmp_path / "out.jsonl")
+    partial = output + ".partial"
+
+    # 1. The process SIGKILLs itself in the middle of row 14's line (inside the second window's write).
+    cut = sum(map(len, reference_lines[:13])) + 20
+    first = cli(model_dir, arguments, output, env={**os.environ, KILL_AFTER_BYTES_ENV: str(cut)})
+    assert first.wait(timeout=600) == -signal.SIGKILL, first.communicate()[1][-3000:]
+    assert os.path.getsize(partial) == cut and not os.path.exists(output)
+
+    # 2. Resumed, then SIGKILLed from outside once the short-prompt windows are written: it is then compiling the
+    # program for the long prompts (seconds), so the kill lands mid-job every time.
+    second = cli(model_dir, arguments, output)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and second.poll() is None:
+        with open(partial, "rb") as file:
+            if file.read().count(b"\n") >= 16:
+                break
+        time.sleep(0.01)
+    second.send_signal(signal.SIGKILL)
+    assert second.wait(timeout=60) == -signal.SIGKILL, second.communicate()[1][-3000:]
+    with open(partial, "rb") as file:
+        assert file.readlines() == reference_lines[:16]  # the torn line was cut, nothing doubled
+
+    # 3. Resumed to the end: byte for byte the uninterrupted run's output.
+    third = cli(model_dir, arguments, output)
+    _, stderr = third.communicate(timeout=600)
+    assert third.returncode == 0, stderr[-3000:]
+    with open(output, "rb") as file:
+        assert file.readlines() == reference_lines
+    assert not os.path.exists(partial)
+    assert json.load(open(output + ".job.json"))["state"] == "complete"
+    assert "16 already done" in stderr and "32/32 rows (100.0%)" in stderr and "tok/s" in stderr
+
+
+def test_resume_drops_garbage_left_by_a_power_loss(tiny_model, tokenizer, resumable_job, tmp_path):
+    prompts, reference, _ = resumable_job
+    with open(reference, "rb") as file:
+        reference_lines = file.readlines()
+    output = str(tmp_path / "out.jsonl")
+    manifest = json.load(open(reference + ".job.json"))
+    with open(output + ".job.json", "w") as file:
+        json.dump({**manifest, "state": "running"}, file)
+    # Ten synced rows, then blocks the file system extended but never wrote (zeros), holding a newline.
+    with open(output + ".partial", "wb") as file:
+        file.write(b"".join(reference_lines[:10]) + b"\0" * 40 + b"\n" + b"\0" * 9)
+    log = io.StringIO()
+    result = run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, batch_size=BATCH, window=8, seed=SEED,
+                           progress_stream=log, **SAMPLE)
+    assert result.resumed_from == 10
+    assert "resuming: 10 of 32 rows already written (dropped 50 bytes of an interrupted write)" in log.getvalue()
+    with open(output, "rb") as file:
+        assert file.readlines() == reference_lines
+
+
+def test_finished_foreign_and_changed_jobs(tiny_model, tokenizer, resumable_job, tmp_path):
+    prompts, reference, _ = resumable_job
+    options = dict(tokenizer=tokenizer, batch_size=BATCH, window=8, seed=SEED, progress=False, **SAMPLE)
+    # A finished job run again does nothing.
+    again = run_batch_job(tiny_model, prompts, reference, **options)
+    assert (again.resumed_from, again.new_tokens) == (32, 0)
+    # Another seed (or input, model, batching) must not be mixed into existing results.
+    with pytest.raises(ValueError, match="another seed"):
+        run_batch_job(tiny_model, prompts, reference, **{**options, "seed": (9, 9)})
+    # A file that no batch job wrote is never overwritten.
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text("precious\n")
+    with pytest.raises(ValueError, match="no tfgen batch job wrote it"):
+        run_batch_job(tiny_model, prompts, str(foreign), **options)
+    assert foreign.read_text() == "precious\n"
+
+
+BAD_LINES = [
+    {"id": "a", "input_ids": PROMPT_IDS[0]},  # line 1: fine
+    '{"id": "b", "input_ids": [5, 6',  # line 2: malformed JSON
+    {"input_ids": [5, 6]},  # line 3: no id
+    {"id": "a", "input_ids": [7]},  # line 4: duplicate id
+    {"id": "c", "input_ids": [5] * 60},  # line 5: 60 + 8 new tokens > 64 positions
+    {"id": "d", "input_ids": [5, 97]},  # line 6: outside the vocabulary
+    "",  # line 7: blank, not a row
+    {"id": "e", "prompt": "w9 w8 w7"},  # line 8: fine
+]
+BAD_REASONS = {2: "malformed JSON", 3: "missing 'id'", 4: "duplicate id 'a' (first on line 1)",
+               5: "the prompt has 60 tokens", 6: "token id 97 is outside the vocabulary"}
+
+
+def test_bad_rows_stop_before_generating(tiny_model, tokenizer, model_dir, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "bad.jsonl", BAD_LINES)
+    output = str(tmp_path / "out.jsonl")
+    with pytest.raises(ValueError) as error:
+        run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, batch_size=BATCH, progress=False, **GREEDY)
+    message = str(error.value)
+    for line, reason in BAD_REASONS.items():
+        assert f"line {line}: {reason}" in message
+    assert "line 1:" not in message and "line 7:" not in message and "line 8:" not in message
+    assert os.listdir(tmp_path) == ["bad.jsonl"]  # nothing written, not even a manifest
+    # The command line says the same in one clean message (exit status 2).
+    assert main(["batch", "--model", model_dir, "--input", prompts, "--output", output, "--strategy", "default"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tfgen: error:") and "line 5: the prompt has 60 tokens" in err and "Traceback" not in err
+    # In memory, the index names the prompt.
+    with pytest.raises(ValueError, match=r"index 1: 'input_ids' must be a list of integers"):
+        batch_generate(tiny_model, [[5, 6], {"id": 9, "input_ids": "5 6"}], **GREEDY)
+
+
+def test_bad_rows_skipped_are_listed(tiny_model, tokenizer, tmp_path):
+    prompts = write_jsonl(tmp_path / "bad.jsonl", BAD_LINES)
+    output = str(tmp_path / "out.jsonl")
+    log = io.StringIO()
+    result = run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, batch_size=BATCH, on_error="skip",
+                           progress_stream=log, **GREEDY)
+    assert (result.rows, result.skipped) == (2, 5)
+    rows = [json.loads(line) for line in open(output)]
+    good_rows = [BAD_LINES[0], BAD_LINES[-1]]
+    expected = batch_generate(tiny_model, good_rows, tokenizer=tokenizer, batch_size=BATCH, **GREEDY)
+    assert rows == expected
+    assert rows[1]["text"] == tokenizer.decode(rows[1]["token_ids"], skip_special_tokens=True)
+    skipped = [json.loads(line) for line in open(output + ".skipped.jsonl")]
+    assert [row["line"] for row in skipped] == list(BAD_REASONS)
+    assert [row["id"] for row in skipped] == [None, None, "a", "c", "d"]
+    for row in skipped:
+        assert row["error"].startswith(BAD_REASONS[row["line"]])
+        assert f"line {row['line']}: {BAD_REASONS[row['line']]}" in log.getvalue()
+
+
+def test_tfrecord_input(tiny_model, tmp_path):
+    path = str(tmp_path / "prompts.tfrecord")
+
+    def feature(values, kind):
+        if kind == "bytes":
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+    with tf.io.TFRecordWriter(path) as writer:
+        for index, prompt in enumerate(PROMPT_IDS[:3]):
+            row_id = feature([f"t{index}".encode()], "bytes") if index != 1 else feature([41], "int64")
+            features = {"id": row_id, "input_ids": feature(prompt, "int64")}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+        no_ids = {"id": feature([b"t3"], "bytes")}
+        writer.write(tf.train.Example(features=tf.train.Features(feature=no_ids)).SerializeToString())
+    output = str(tmp_path / "out.jsonl")
+    log = io.StringIO()
+    result = run_batch_job(tiny_model, path, output, batch_size=BATCH, on_error="skip", progress_stream=log, **GREEDY)
+    assert (result.rows, result.skipped) == (3, 1)
+    assert "record 4: needs exactly one of 'prompt' (text) and 'input_ids' (token ids)" in log.getvalue()
+    rows = [json.loads(line) for line in open(output)]
+    expected = batch_generate(
+        tiny_model, [{"id": row_id, "input_ids": p} for row_id, p in zip(["t0", 41, "t2"], PROMPT_IDS)],
+        batch_size=BATCH, **GREEDY,
+    )
+    assert rows == expected
+
+
+def test_options_a_batch_cannot_honour_per_row(tiny_model):
+    with pytest.raises(ValueError, match="max_length"):
+        batch_generate(tiny_model, PROMPT_IDS, max_length=20)
+    with pytest.raises(ValueError, match="min_length"):
+        batch_generate(tiny_model, PROMPT_IDS, min_length=20)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        batch_generate(tiny_model, PROMPT_IDS, num_return_sequences=2, do_sample=True)
+    with pytest.raises(ValueError, match="seed"):
+        batch_generate(tiny_model, PROMPT_IDS, seed=[1, 2, 3])
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_generate(tiny_model, PROMPT_IDS, batch_size=0)
+    elsewhere = tf.distribute.OneDeviceStrategy("/cpu:0")  # the model was not loaded under its scope
+    with pytest.raises(ValueError, match=r"strategy\.scope\(\)"):
+        batch_generate(tiny_model, PROMPT_IDS, strategy=elsewhere)

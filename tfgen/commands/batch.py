@@ -1,0 +1,100 @@
+"""`tfgen batch --model PATH_OR_ID --input prompts.jsonl --output results.jsonl`: generate for every row of a
+file on every device, resumably (rerun the same command after a crash). See `docs/batch.md`."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(subparsers) -> None:
+    from tfgen.batch import DEFAULT_BATCH_SIZE, DEFAULT_SEED, INPUT_FORMATS, ON_ERROR, STRATEGIES, WINDOW_GROUPS
+
+    parser = subparsers.add_parser(
+        "batch",
+        help="generate for every prompt of a JSONL/TFRecord file (multi-device, resumable)",
+        description="Rows are JSONL objects {\"id\": ..., \"prompt\": \"...\"} or {\"id\": ..., \"input_ids\": [...]}, "
+        "or tf.train.Example records with features id and input_ids (or prompt). Results go to OUTPUT in input "
+        "order; rerunning the same command after a crash resumes where the last complete window ended.",
+    )
+    parser.add_argument("--model", required=True, help="local model directory or hub id (HF layout)")
+    parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
+    parser.add_argument("--output", required=True, help="results JSONL (local path); sidecar files share its name")
+    parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: --model)")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto", help="default: from the extension")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per replica per call")
+    parser.add_argument(
+        "--window", type=int, help=f"rows sorted by length together and committed at once (default {WINDOW_GROUPS}"
+        " x batch size)"
+    )
+    parser.add_argument("--strategy", choices=STRATEGIES, default="auto", help="how to spread over devices")
+    parser.add_argument("--tpu", default="local", help="TPU name or grpc:// address ('local' on a TPU VM)")
+    parser.add_argument(
+        "--cpu-devices", type=int, help="split the host CPU into N logical devices (rehearse a multi-replica run)"
+    )
+    parser.add_argument("--on-error", choices=ON_ERROR, default="stop", help="bad rows: stop before anything, or skip")
+    parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), default=list(DEFAULT_SEED), help="job seed")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per row (default: config, else 20)")
+    parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
+    parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    import tensorflow as tf
+
+    if args.cpu_devices is not None:
+        if args.cpu_devices < 1:
+            raise ValueError(f"--cpu-devices must be positive, got {args.cpu_devices}")
+        # Must happen before anything initialises the devices, i.e. before the strategy and the model.
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
+
+    from tfgen.batch import make_strategy, run_batch_job
+    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.tokenizer import Tokenizer
+
+    strategy = make_strategy(args.strategy, tpu=args.tpu)
+    try:
+        tokenizer = Tokenizer.from_pretrained(args.tokenizer or args.model)
+    except OSError as error:
+        if args.tokenizer:
+            raise
+        print(f"tfgen batch: no tokenizer ({error}); rows need input_ids and 'text' will be null", file=sys.stderr)
+        tokenizer = None
+    with strategy.scope():
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+    options = {
+        "max_new_tokens": args.max_new_tokens,
+        "do_sample": args.do_sample,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    result = run_batch_job(
+        model,
+        args.input,
+        args.output,
+        strategy=strategy,
+        batch_size=args.batch_size,
+        window=args.window,
+        tokenizer=tokenizer,
+        seed=args.seed,
+        on_error=args.on_error,
+        input_format=args.input_format,
+        progress=not args.no_progress,
+        **{name: value for name, value in options.items() if value is not None},
+    )
+    where = result.output if strategy.extended.should_checkpoint else f"{result.output} (written by the chief)"
+    print(
+        f"tfgen batch: {result.rows} rows in {where} ({result.resumed_from} already done, "
+        f"{result.skipped} skipped); this run: {result.new_tokens} tokens in {result.seconds:.1f} s "
+        f"({result.tokens_per_second:,.0f} tok/s) on {strategy.num_replicas_in_sync} replica(s)",
+        file=sys.stderr,
+    )
+    return 0

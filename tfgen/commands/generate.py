@@ -1,0 +1,57 @@
+"""`tfgen generate --model PATH_OR_ID "prompt"`: continue a prompt and print the text."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("generate", help="continue a prompt with a model")
+    parser.add_argument("prompt", help="the text to continue")
+    parser.add_argument(
+        "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default: model's config)")
+    parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
+    parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")
+    parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), help="sampling seed")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--no-jit", action="store_true", help="run the loop eagerly (debugging)")
+    parser.add_argument(
+        "--no-stream", dest="stream", action="store_false", help="print the text at the end instead of token by token"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from tfgen.defaults import default_model_path
+    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.streaming import TextStreamer
+    from tfgen.tokenizer import Tokenizer
+
+    model_path = args.model or default_model_path()
+    tokenizer = Tokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    options = {
+        "max_new_tokens": args.max_new_tokens,
+        "do_sample": args.do_sample,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    options = {name: value for name, value in options.items() if value is not None}
+    encoded = tokenizer(args.prompt, return_tensors="np")
+    streamer = TextStreamer(tokenizer) if args.stream else None
+    sequences = model.generate(
+        encoded["input_ids"],
+        attention_mask=encoded["attention_mask"],
+        seed=args.seed,
+        jit_compile=not args.no_jit,
+        streamer=streamer,
+        **options,
+    )
+    if streamer is None:
+        print(tokenizer.decode(sequences[0].numpy(), skip_special_tokens=True))
+    return 0

@@ -1,0 +1,506 @@
+"""`generate()` as a TF Serving SavedModel: the whole decode loop in the graph, no Python in the serving path.
+
+`export_saved_model` writes `export_dir/<version>/` (TF Serving's layout: `saved_model.pb`, `variables/`, and
+`assets.extra/` with the generation config and a description of the export). Every signature takes tensors with
+a leading batch axis; batch size and prompt length are `None`, so one export serves any request shape (an XLA
+export compiles once per distinct `[batch, prompt length]`). The signatures are built from `SIGNATURES`, a table:
+a new decoding strategy becomes a new entry there. See `docs/serving.md`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.decoding.common import DecodeInputs
+from tfgen.decoding.strategies import STRATEGIES
+from tfgen.processors import processor_knobs_from_config, processor_spec_from_config
+from tfgen.random import derive_seeds, philox4x32
+
+EXPORT_INFO_FILE = "tfgen_export.json"
+# Used when neither the caller nor the generation config sets max_new_tokens (HF's default length of 20).
+DEFAULT_MAX_NEW_TOKENS = 20
+# Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
+_PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)
+_MASK32 = 0xFFFFFFFF
+# Decoding modes whose exported signatures are tested; beam and contrastive search come with their signatures.
+_EXPORTABLE_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowInput:
+    """A per-row request tensor `[B, *shape]` and the condition each of its values must meet."""
+
+    dtype: tf.DType
+    shape: tuple = ()
+    is_valid: Optional[Callable[[tf.Tensor], tf.Tensor]] = None
+    requirement: str = ""
+
+
+# Per-row inputs a signature may take besides `input_ids` / `attention_mask`. `max_new_tokens` and `seed` feed
+# the loop's budgets and keys; every other name replaces the processor knob (or strategy knob) of that name.
+ROW_INPUTS: dict[str, RowInput] = {
+    "max_new_tokens": RowInput(tf.int32, is_valid=lambda v: v >= 0, requirement=">= 0"),
+    "seed": RowInput(tf.int32, shape=(2,)),
+    "temperature": RowInput(tf.float32, is_valid=lambda v: v > 0, requirement="> 0"),
+    "top_k": RowInput(tf.int32, is_valid=lambda v: v >= 0, requirement=">= 0 (0 = no top-k)"),
+    "top_p": RowInput(tf.float32, is_valid=lambda v: (v >= 0) & (v <= 1), requirement="in [0, 1] (1 = no top-p)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureSpec:
+    """What one exported signature runs.
+
+    description: one line for `assets.extra/tfgen_export.json` and the docs.
+    generation_options: overrides of the exported GenerationConfig; the decoding strategy (`STRATEGIES`) is the
+        mode the result selects.
+    row_inputs: names from `ROW_INPUTS` taken besides `input_ids` and `attention_mask`.
+    processor_overrides: `ProcessorSpec` fields forced on so that the row inputs always apply (a row sending a
+        neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
+    outputs: entries of the decode result returned besides `sequences` and `sequence_lengths`.
+    text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
+    """
+
+    description: str
+    generation_options: dict = dataclasses.field(default_factory=dict)
+    row_inputs: tuple[str, ...] = ()
+    processor_overrides: dict = dataclasses.field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    text: bool = False
+
+
+_ONE_TOKEN_PER_STEP = {"num_beams": 1, "penalty_alpha": None}
+
+SIGNATURES: dict[str, SignatureSpec] = {
+    "serving_default": SignatureSpec("the exported generation config's decoding (sampling keys from the prompt)"),
+    "greedy": SignatureSpec(
+        "greedy search with a per-row budget",
+        generation_options={"do_sample": False, **_ONE_TOKEN_PER_STEP},
+        row_inputs=("max_new_tokens",),
+    ),
+    "sample": SignatureSpec(
+        "multinomial sampling with per-row seed, temperature, top-k, top-p and budget",
+        generation_options={"do_sample": True, **_ONE_TOKEN_PER_STEP},
+        row_inputs=("seed", "temperature", "top_k", "top_p", "max_new_tokens"),
+        processor_overrides={"temperature": True, "top_k": True, "top_k_cap": 0, "top_p": True},
+    ),
+    "generate_text": SignatureSpec(
+        "serving_default on text: byte-level BPE tokenization in the graph, returns the generated text",
+        text=True,
+    ),
+}
+
+
+def default_row_seeds(input_ids, attention_mask) -> tf.Tensor:
+    """The sampling keys of signatures without a `seed` input: int32 `[B, 2]` from `[B, T]` ids and mask.
+
+    Each key is derived from a 32-bit hash of the row's real tokens (mask 1) and their distance from the end of
+    the row. So a row's samples depend on its prompt only — not on its neighbours, its place in the batch or
+    extra left padding — which keeps TF Serving's request batching deterministic, and `serving_default` samples
+    what `model.generate(..., do_sample=True, seed=default_row_seeds(ids, mask))` samples.
+    """
+    ids = tf.cast(input_ids, tf.int64)
+    width = tf.shape(ids, out_type=tf.int64)[1]
+    from_end = width - 1 - tf.range(width)
+    zeros = tf.zeros_like(from_end)
+    # One pseudo-random 32-bit weight per distance from the end (counter word 1 = 1 keeps clear of the words
+    # the decode loop and `derive_seeds` use).
+    counters = tf.stack([from_end, tf.ones_like(from_end), zeros, zeros], axis=-1)
+    weights = tf.cast(philox4x32(counters, tf.constant(_PROMPT_HASH_KEY, tf.int64))[:, 0], tf.uint64)
+    products = tf.cast(ids + 1, tf.uint64) * weights[None, :]
+    terms = tf.cast(tf.bitwise.bitwise_and(products, tf.constant(_MASK32, tf.uint64)), tf.int64)
+    terms = tf.where(tf.cast(attention_mask, tf.bool), terms, tf.zeros_like(terms))
+    digest = tf.bitwise.bitwise_and(tf.reduce_sum(terms, axis=1), tf.constant(_MASK32, tf.int64))
+    keys = tf.tile(tf.constant([_PROMPT_HASH_KEY], tf.int64), [tf.shape(ids)[0], 1])
+    return derive_seeds(keys, digest)
+
+
+def export_saved_model(
+    model,
+    export_dir: str | os.PathLike,
+    generation_config: Optional[GenerationConfig] = None,
+    *,
+    max_new_tokens: Optional[int] = None,
+    version: int = 1,
+    jit_compile: bool = True,
+    signatures: Optional[Sequence[str]] = None,
+    tokenizer=None,
+) -> str:
+    """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
+
+    Args:
+        model: a model implementing `tfgen.models.protocol.CausalLMProtocol` (e.g. from `AutoModelForCausalLM`).
+        generation_config: decoding options of `serving_default` and defaults of the other signatures
+            (default: the model's). Its mode must be greedy search or sampling, with one sequence per prompt.
+        max_new_tokens: the static token buffer: every signature returns `[B, T + max_new_tokens]` and per-row
+            budgets are capped by it (default: the config's `max_new_tokens`, else 20). Budgets are also capped
+            so that prompt plus new tokens fit in the model's positions.
+        version: TF Serving version number, the name of the written subdirectory; it must not exist yet.
+        jit_compile: True compiles the loop with XLA (TF Serving must then run with XLA enabled, see
+            `docs/serving.md`); False exports a plain TF graph that runs on any TF Serving build.
+        signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given).
+        tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`).
+
+    Returns the version directory. It is written under a temporary name and renamed when complete, so TF
+    Serving polling `export_dir` never loads a half-written version.
+    """
+    if not isinstance(version, (int, np.integer)) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"version must be a non-negative integer, got {version!r}")
+    export_dir = os.fspath(export_dir)
+    version_dir = os.path.join(export_dir, str(int(version)))
+    if os.path.exists(version_dir):
+        raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
+    names = _signature_names(signatures, tokenizer is not None)
+    config = _export_config(model, generation_config)
+    buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
+    exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer if "generate_text" in names else None)
+    functions = {name: exporter.concrete_function(SIGNATURES[name]) for name in names}
+    if not jit_compile:
+        xla_ops = _xla_only_ops(functions.values())
+        if xla_ops:
+            raise ValueError(
+                "jit_compile=False: the model's graph uses ops that only run through XLA "
+                f"({', '.join(sorted(xla_ops))}), so the export would need an XLA-enabled server anyway; "
+                "export with jit_compile=True instead."
+            )
+
+    os.makedirs(export_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".tfgen-export-{version}-", dir=export_dir)
+    try:
+        tf.saved_model.save(exporter.module, staging, signatures=functions)
+        extra = os.path.join(staging, "assets.extra")
+        os.makedirs(extra, exist_ok=True)
+        config.save_pretrained(extra)
+        info = {
+            "max_new_tokens": buffer_new_tokens,
+            "jit_compile": bool(jit_compile),
+            "signatures": {name: SIGNATURES[name].description for name in names},
+        }
+        with open(os.path.join(extra, EXPORT_INFO_FILE), "w", encoding="utf-8") as file:
+            json.dump(info, file, indent=2)
+        os.rename(staging, version_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return version_dir
+
+
+def _signature_names(signatures, has_tokenizer: bool) -> list[str]:
+    if signatures is None:
+        return [name for name, spec in SIGNATURES.items() if has_tokenizer or not spec.text]
+    names = list(dict.fromkeys(signatures))
+    unknown = [name for name in names if name not in SIGNATURES]
+    if unknown or not names:
+        raise ValueError(f"signatures: unknown or none given ({unknown}); available: {sorted(SIGNATURES)}")
+    if not has_tokenizer and any(SIGNATURES[name].text for name in names):
+        raise ValueError("signatures: generate_text needs a tokenizer (pass tokenizer=)")
+    return names
+
+
+def _export_config(model, generation_config) -> GenerationConfig:
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(f"generation_config must be a tfgen.GenerationConfig, got {type(generation_config).__name__}")
+    config = generation_config or getattr(model, "generation_config", None)
+    if config is None:
+        config = GenerationConfig.from_model_config(model.config)
+    if int(config.num_return_sequences or 1) != 1:
+        raise ValueError(
+            "generation_config: num_return_sequences must be 1 in an export (send a prompt once per sample wanted)"
+        )
+    return config.copy()
+
+
+def _buffer_new_tokens(model, config: GenerationConfig, max_new_tokens) -> int:
+    if max_new_tokens is None:
+        max_new_tokens = config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and max_new_tokens >= max_positions:
+        raise ValueError(
+            f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt: the model has {max_positions} positions"
+        )
+    return int(max_new_tokens)
+
+
+def _xla_only_ops(functions) -> set[str]:
+    """Op types (TF's `Xla*` ops) in the functions' graphs that TF runs only by compiling them with XLA."""
+    found = set()
+    for function in functions:
+        graph_def = function.graph.as_graph_def()
+        nodes = list(graph_def.node) + [node for f in graph_def.library.function for node in f.node_def]
+        found.update(node.op for node in nodes if node.op.startswith("Xla"))
+    return found
+
+
+class _WithoutStaticTokenCount:
+    """The model, with the token count of each cached call hidden from static shape inference.
+
+    GPT-2 writes a static number of new tokens into its cache with `dynamic_update_slice` — an XLA op that TF
+    runs only by compiling it, which TF Serving refuses unless started with XLA enabled — and an unknown number
+    with plain TF ops. A `jit_compile=False` export wraps the model in this so that it stays XLA-free.
+    """
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def call_with_cache(self, input_ids, *args, **kwargs):
+        unknown_length = tf.compat.v1.placeholder_with_default(input_ids, [None, None])
+        return self._model.call_with_cache(unknown_length, *args, **kwargs)
+
+
+def _model_variables(model) -> list:
+    """The `tf.Variable`s behind `model.variables`.
+
+    The export tracks these rather than the model: Keras 3 wraps each in a KerasVariable that SavedModel saves
+    as a separate copy, which the TF1 loader (TF Serving's) restores while the functions read the original.
+    """
+    found = []
+    for variable in model.variables:
+        inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+        if not isinstance(inner, tf.Variable):
+            raise TypeError(f"model: cannot find the tf.Variable behind {variable!r}")
+        found.append(inner)
+    return found
+
+
+class _Exporter:
+    """Builds the signature functions of one export; `module` holds everything they capture."""
+
+    def __init__(self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer):
+        self.model = model if jit_compile else _WithoutStaticTokenCount(model)
+        self.config = config
+        self.vocab_size = int(model.config.vocab_size)
+        self.buffer_new_tokens = buffer_new_tokens
+        self.jit_compile = jit_compile
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        eos_ids = config.eos_token_ids()
+        pad_token_id = config.pad_token_id
+        # HF's convention for models without a pad token, as in generate().
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
+        self.eos_vector = np.full([max(4, -(-len(eos_ids) // 4) * 4)], -1, np.int32)
+        self.eos_vector[: len(eos_ids)] = eos_ids
+        self.module = tf.Module()
+        self.module.model_variables = _model_variables(model)
+        self.text = None if tokenizer is None else _InGraphTokenizer(tokenizer, self.vocab_size)
+        self.module.text_tokenizer = None if self.text is None else self.text.layer
+        self._decoders = {}
+
+    def concrete_function(self, spec: SignatureSpec):
+        """The signature's concrete function: checks the request in the graph, then runs the decode loop."""
+        decoder = self._decoder(spec)
+        if spec.text:
+            input_specs = {"text": tf.TensorSpec([None], tf.string, name="text")}
+        else:
+            input_specs = {
+                name: tf.TensorSpec([None, None], tf.int32, name=name) for name in ("input_ids", "attention_mask")
+            }
+        for name in spec.row_inputs:
+            row_input = ROW_INPUTS[name]
+            input_specs[name] = tf.TensorSpec([None, *row_input.shape], row_input.dtype, name=name)
+
+        def serve(inputs):
+            if spec.text:
+                input_ids, attention_mask = self.text.encode(inputs["text"])
+            else:
+                input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+            with tf.control_dependencies(self._checks(input_ids, attention_mask, inputs, spec.row_inputs)):
+                input_ids = tf.identity(input_ids)
+            outputs = decoder(input_ids, attention_mask, {name: inputs[name] for name in spec.row_inputs})
+            if spec.text:
+                width = tf.shape(input_ids)[1]
+                return {"text": self.text.decode(outputs["sequences"], width, outputs["sequence_lengths"])}
+            return {name: outputs[name] for name in ("sequences", "sequence_lengths", *spec.outputs)}
+
+        # No autograph: the code branches on Python values only, and converting it costs seconds per trace.
+        return tf.function(serve, input_signature=[input_specs], autograph=False).get_concrete_function()
+
+    def _checks(self, input_ids, attention_mask, inputs, row_inputs) -> list:
+        """Assert ops rejecting a bad request with InvalidArgumentError (TF Serving answers 400)."""
+        batch_size = tf.shape(input_ids)[0]
+        real_tokens = tf.reduce_sum(attention_mask, axis=1)
+        conditions = [
+            (tf.reduce_all(tf.equal(tf.shape(input_ids), tf.shape(attention_mask))),
+             "attention_mask must have the shape of input_ids"),
+            (tf.shape(input_ids)[1] > 0, "input_ids: the prompt must hold at least one token"),
+            (tf.reduce_all((input_ids >= 0) & (input_ids < self.vocab_size)),
+             f"input_ids: token ids must be in [0, {self.vocab_size})"),
+            (tf.reduce_all((attention_mask == 0) | (attention_mask == 1)), "attention_mask must hold only 0 and 1"),
+            (tf.reduce_all(real_tokens > 0), "attention_mask: every row needs at least one token"),
+        ]
+        if self.max_positions is not None:
+            conditions.append((tf.reduce_all(real_tokens <= self.max_positions),
+                               f"input_ids: a prompt has more tokens than the model's {self.max_positions} positions"))
+        for name in row_inputs:
+            row_input, values = ROW_INPUTS[name], inputs[name]
+            conditions.append((tf.equal(tf.shape(values)[0], batch_size), f"{name} must have one row per prompt"))
+            if row_input.is_valid is not None:
+                conditions.append(
+                    (tf.reduce_all(row_input.is_valid(values)), f"{name} must be {row_input.requirement}")
+                )
+        return [tf.debugging.Assert(condition, [message]) for condition, message in conditions]
+
+    def _decoder(self, spec: SignatureSpec):
+        """`(input_ids, attention_mask, row_inputs) -> outputs` for the spec's decoding, traced once per
+        distinct program (signatures decoding alike share one, and so one XLA compilation per shape)."""
+        with warnings.catch_warnings():
+            # Options the override makes irrelevant (e.g. temperature under greedy) are not the caller's doing.
+            warnings.simplefilter("ignore", UserWarning)
+            config = self.config.copy()
+            config.update(**spec.generation_options)
+        mode = config.get_generation_mode()
+        if mode not in _EXPORTABLE_MODES:
+            raise ValueError(
+                f"generation_config: mode {mode.value!r} cannot be exported yet; these can: "
+                f"{', '.join(m.value for m in _EXPORTABLE_MODES)}"
+            )
+        strategy = STRATEGIES[mode]
+        processor_spec = dataclasses.replace(
+            processor_spec_from_config(config, self.vocab_size, num_beams=int(config.num_beams)),
+            **spec.processor_overrides,
+        )
+        static_options = strategy.static_options(config)
+        knobs, per_row = _knob_layout(config, strategy, self.vocab_size)
+        key = (mode, tuple(sorted(static_options.items())), processor_spec,
+               tuple((name, value.shape, str(value.dtype), name in per_row) for name, value in sorted(knobs.items())))
+        if key not in self._decoders:
+            self._decoders[key] = tf.function(
+                lambda inputs: strategy.decode(
+                    self.model, inputs, buffer_new_tokens=self.buffer_new_tokens, processor_spec=processor_spec,
+                    user_processors=(), output_scores=False, output_logits=False, **static_options,
+                ),
+                jit_compile=self.jit_compile,
+                autograph=False,
+            )
+        decode = self._decoders[key]
+
+        def run(input_ids, attention_mask, row_inputs: dict) -> dict:
+            batch_size, width = tf.unstack(tf.shape(input_ids))
+            requested = row_inputs.get("max_new_tokens", tf.fill([batch_size], self.buffer_new_tokens))
+            budgets = tf.clip_by_value(requested, 0, self.buffer_new_tokens)
+            if self.max_positions is not None:
+                budgets = tf.minimum(budgets, self.max_positions - tf.reduce_sum(attention_mask, axis=1))
+            run_knobs = {
+                name: tf.cast(row_inputs[name], value.dtype) if name in row_inputs
+                else tf.repeat(tf.constant(value), batch_size, axis=0) if name in per_row
+                else tf.constant(value)
+                for name, value in knobs.items()
+            }
+            seeds = row_inputs["seed"] if "seed" in row_inputs else default_row_seeds(input_ids, attention_mask)
+            result = decode(DecodeInputs(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                start=tf.constant(0, tf.int32),
+                prompt_len=width,
+                max_new_tokens=budgets,
+                row_seeds=seeds,
+                pad_token_id=tf.constant(self.pad_token_id, tf.int32),
+                eos_token_ids=tf.constant(self.eos_vector),
+                knobs=run_knobs,
+            ))
+            lengths = width + _generated_counts(result["sequences"][:, width:], budgets, self.eos_vector)
+            return {**result, "sequence_lengths": lengths}
+
+        return run
+
+
+def _knob_layout(config: GenerationConfig, strategy, vocab_size: int) -> tuple[dict, set]:
+    """The knob values for one row (per-row knobs `[1, ...]`), and which knobs are per row."""
+
+    def knobs(batch_size):
+        return {
+            **processor_knobs_from_config(config, batch_size, vocab_size),
+            **strategy.runtime_knobs(config, batch_size),
+        }
+
+    one, two = knobs(1), knobs(2)
+    per_row = {name for name in one if one[name].shape[:1] == (1,) and two[name].shape[:1] == (2,)}
+    return one, per_row
+
+
+def _generated_counts(generated: tf.Tensor, budgets: tf.Tensor, eos_vector: np.ndarray) -> tf.Tensor:
+    """int32 `[B]`: new tokens per row up to and including its first eos (`generated` `[B, N]`, pad after)."""
+    steps = tf.range(tf.shape(generated)[1])
+    is_eos = tf.reduce_any(generated[:, :, None] == eos_vector[None, None, :], axis=-1)
+    eos = is_eos & (steps[None, :] < budgets[:, None])
+    first_eos = tf.argmax(tf.cast(eos, tf.int32), axis=1, output_type=tf.int32) + 1
+    return tf.where(tf.reduce_any(eos, axis=1), first_eos, budgets)
+
+
+class _InGraphTokenizer:
+    """A byte-level BPE `tfgen.Tokenizer` as TF ops (keras-hub's BytePairTokenizer, TF Text's regex split)."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        try:
+            import keras_hub
+        except ImportError as error:
+            raise ImportError(
+                "the generate_text signature tokenizes with keras-hub's BytePairTokenizer: pip install 'tfgen[text]'"
+            ) from error
+        with tempfile.TemporaryDirectory() as directory:
+            tokenizer.save_pretrained(directory)
+            with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as file:
+                definition = json.load(file)
+        model, pre_tokenizer = definition.get("model") or {}, definition.get("pre_tokenizer") or {}
+        unsupported = {
+            "model": model.get("type") != "BPE" or any(model.get(k) for k in (
+                "dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback", "ignore_merges")),
+            "pre_tokenizer": pre_tokenizer.get("type") != "ByteLevel" or not pre_tokenizer.get("use_regex", True),
+            "normalizer": definition.get("normalizer") is not None,
+            "post_processor": (definition.get("post_processor") or {"type": "ByteLevel"})["type"] != "ByteLevel",
+        }
+        if any(unsupported.values()):
+            raise ValueError(
+                "tokenizer: generate_text supports GPT-2 style byte-level BPE only (BPE model, ByteLevel pre-tokenizer"
+                f" with its regex, no normalizer, no added bos/eos); this one differs in: "
+                f"{', '.join(name for name, bad in unsupported.items() if bad)}. Export without generate_text "
+                "(tfgen export --no-text) and tokenize on the client."
+            )
+        added = definition.get("added_tokens") or []
+        vocabulary = {**model["vocab"], **{token["content"]: token["id"] for token in added}}
+        if max(vocabulary.values()) >= vocab_size:
+            raise ValueError(f"tokenizer: its ids go up to {max(vocabulary.values())}, the model has {vocab_size}")
+        special = [token for token in added if token.get("special")]
+        self.layer = keras_hub.tokenizers.BytePairTokenizer(
+            vocabulary=vocabulary,
+            merges=[merge if isinstance(merge, str) else " ".join(merge) for merge in model["merges"]],
+            add_prefix_space=bool(pre_tokenizer.get("add_prefix_space", False)),
+            unsplittable_tokens=[token["content"] for token in special],
+            dtype="int32",
+        )
+        self.special_ids = np.array([token["id"] for token in special] or [-1], np.int32)
+        self.pad_token_id = tokenizer.pad_token_id or 0
+
+    def encode(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Left-padded int32 `[B, T]` ids and mask for string `[B]` text."""
+        ragged = self.layer.tokenize(text)
+        lengths = tf.cast(ragged.row_lengths(), tf.int32)
+        width = tf.maximum(tf.reduce_max(lengths), 1)
+        right_padded = ragged.to_tensor(default_value=self.pad_token_id)
+        source = tf.range(width)[None, :] - (width - lengths)[:, None]
+        mask = source >= 0
+        ids = tf.gather(right_padded, tf.maximum(source, 0), batch_dims=1)
+        return tf.where(mask, ids, self.pad_token_id), tf.cast(mask, tf.int32)
+
+    def decode(self, sequences: tf.Tensor, width: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+        """string `[B]`: each row's generated tokens (special tokens skipped) as valid UTF-8."""
+        generated = sequences[:, width:]
+        steps = tf.range(tf.shape(generated)[1])
+        special = tf.reduce_any(generated[:, :, None] == self.special_ids[None, None, :], axis=-1)
+        keep = (steps[None, :] < (lengths - width)[:, None]) & ~special
+        text = self.layer.detokenize(tf.ragged.boolean_mask(generated, keep))
+        # Byte-level tokens can end inside a UTF-8 character; JSON clients need valid text.
+        return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace")

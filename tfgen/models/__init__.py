@@ -1,0 +1,1 @@
+"""Model implementations that satisfy `tfgen.models.protocol.CausalLMProtocol`."""

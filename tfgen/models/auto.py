@@ -1,0 +1,83 @@
+"""`AutoModelForCausalLM`: builds the tfgen model matching an HF-style checkpoint or config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tfgen.config import GenerationConfig
+from tfgen.models.gpt2 import GPT2LMHeadModel
+from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
+
+# config.json `model_type` -> model class (each with a `config_class` offering `from_dict`).
+MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {"gpt2": GPT2LMHeadModel}
+
+
+def _model_class(model_type: Any) -> type:
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(model_type)
+    if model_class is None:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_FOR_CAUSAL_LM_MAPPING)}"
+        )
+    return model_class
+
+
+def _default_generation_config(directory: Path | None, config_dict: Mapping[str, Any]):
+    """The checkpoint's `generation_config.json` when there is one, else the one HF derives from the
+    model config."""
+    if directory is not None and (directory / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(directory)
+    return GenerationConfig.from_model_config(dict(config_dict))
+
+
+class AutoModelForCausalLM:
+    """Dispatches on `model_type` through `MODEL_FOR_CAUSAL_LM_MAPPING`; use the class methods."""
+
+    def __init__(self):
+        raise TypeError("AutoModelForCausalLM is not instantiable; use from_pretrained() or from_config()")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        *,
+        dtype=None,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
+    ):
+        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights,
+        in `dtype` (a Keras dtype or policy name; default the Keras float type), with `generation_config`
+        set. Raises `OSError` for unresolvable ids or missing files, `ValueError` for unsupported
+        architectures or mismatched weights."""
+        directory = resolve_model_directory(
+            path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
+        )
+        config_dict = read_config_dict(directory)
+        model_class = _model_class(config_dict.get("model_type"))
+        model = model_class(model_class.config_class.from_dict(config_dict), dtype=dtype)
+        model.load_hf_state_dict(read_safetensors_weights(directory))
+        model.generation_config = _default_generation_config(directory, config_dict)
+        return model
+
+    @classmethod
+    def from_config(cls, config, *, dtype=None):
+        """A randomly initialised model from an HF config dict (dispatching on its `model_type`) or a config
+        object of a registered model (e.g. `GPT2Config`)."""
+        if isinstance(config, Mapping):
+            model_class = _model_class(config.get("model_type"))
+            config_dict, config = config, model_class.config_class.from_dict(config)
+        else:
+            model_class = next(
+                (model for model in MODEL_FOR_CAUSAL_LM_MAPPING.values() if isinstance(config, model.config_class)),
+                None,
+            )
+            if model_class is None:
+                raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
+            config_dict = config.to_dict()
+        model = model_class(config, dtype=dtype)
+        model.generation_config = _default_generation_config(None, config_dict)
+        return model

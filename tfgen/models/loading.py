@@ -1,0 +1,116 @@
+"""Finding a checkpoint (local directory or Hugging Face Hub id) and reading its config and safetensors weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+import numpy as np
+import safetensors.numpy
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+# What a snapshot needs: configs, safetensors weights and tokenizer files; never pickled weights.
+HUB_ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    SAFE_WEIGHTS_INDEX_NAME,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def resolve_model_directory(
+    path_or_repo_id: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool | None = None,
+) -> Path:
+    """Returns a local directory holding the checkpoint: `path_or_repo_id` itself when it is a directory,
+    else a Hub snapshot limited to `HUB_ALLOW_PATTERNS`. `local_files_only=None` follows `HF_HUB_OFFLINE`
+    (read now, not at import). Raises `OSError` naming `path_or_repo_id` when it cannot be resolved."""
+    if not isinstance(path_or_repo_id, (str, os.PathLike)):
+        raise TypeError(f"path_or_repo_id must be a str or path, got {type(path_or_repo_id).__name__}")
+    if os.path.isdir(path_or_repo_id):
+        return Path(path_or_repo_id)
+    if local_files_only is None:
+        local_files_only = _env_flag("HF_HUB_OFFLINE")
+    try:
+        snapshot = huggingface_hub.snapshot_download(
+            str(path_or_repo_id),
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+            allow_patterns=HUB_ALLOW_PATTERNS,
+        )
+    # The hub client raises many unrelated types (invalid id, HTTP, offline, missing entry) across versions.
+    except Exception as error:
+        where = "the local Hub cache (offline)" if local_files_only else "the Hugging Face Hub"
+        raise OSError(
+            f"cannot load {str(path_or_repo_id)!r}: it is not a local directory and fetching it from {where} "
+            f"failed ({type(error).__name__}: {error})"
+        ) from error
+    return Path(snapshot)
+
+
+def read_config_dict(directory: str | os.PathLike) -> dict[str, Any]:
+    """The parsed `config.json` of a checkpoint directory; `OSError` when absent or not a JSON object."""
+    path = Path(directory) / "config.json"
+    try:
+        config_dict = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise OSError(f"cannot read the model config {str(path)!r}: {error}") from error
+    if not isinstance(config_dict, dict):
+        raise OSError(f"{str(path)!r} does not hold a JSON object")
+    return config_dict
+
+
+def read_safetensors_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All tensors of a checkpoint directory, by name: `model.safetensors`, or the shards listed in
+    `model.safetensors.index.json`. Pickled weights (`*.bin`, `*.pt`) are refused with `OSError`."""
+    directory = Path(directory)
+    index_path = directory / SAFE_WEIGHTS_INDEX_NAME
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise OSError(f"{str(index_path)!r} is not a valid safetensors index: {error}") from error
+        tensors = {}
+        for shard_name in sorted(set(weight_map.values())):
+            shard = _load_file(directory / shard_name)
+            tensors.update({name: array for name, array in shard.items() if weight_map.get(name) == shard_name})
+        absent = sorted(set(weight_map) - set(tensors))
+        if absent:
+            raise OSError(f"{str(index_path)!r} lists tensors missing from their shards: {absent}")
+        return tensors
+    if (directory / SAFE_WEIGHTS_NAME).is_file():
+        return _load_file(directory / SAFE_WEIGHTS_NAME)
+    pickles = sorted(path.name for pattern in ("*.bin", "*.pt", "*.pth") for path in directory.glob(pattern))
+    found = f" (it has {pickles})" if pickles else ""
+    raise OSError(
+        f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in {str(directory)!r}{found}: tfgen loads safetensors "
+        "only and does not load pickled weights such as pytorch_model.bin; convert the checkpoint to safetensors"
+    )
+
+
+def _load_file(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return safetensors.numpy.load_file(str(path))
+    except (OSError, safetensors.SafetensorError) as error:
+        raise OSError(f"cannot read safetensors file {str(path)!r}: {error}") from error

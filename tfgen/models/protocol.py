@@ -1,0 +1,70 @@
+"""The contract between a language model and `TFGenerationMixin`.
+
+A model that mixes in `TFGenerationMixin` provides the methods below, in TF ops only (so they trace into
+one XLA program). The mixin never looks at class names: anything that satisfies this protocol generates,
+whether it is a Keras 3 model (TF backend), a tf-keras model or a plain `tf.Module`.
+
+Cache layout: the cache is any nest (tuple/list/dict) of fixed-shape tensors whose **leading axis is the
+batch**. The mixin relies on that to expand the cache for beams and to reorder it with `tf.gather`
+along axis 0; it never looks inside otherwise.
+
+Buffer coordinates: the cache has `max_length` slots. Slot `i` holds the keys/values of the token at
+buffer index `i`. A call writes the `T` tokens it is given into slots `[cache_index, cache_index + T)`.
+A query at buffer index `q` attends to slot `k` iff `k <= q` and `attention_mask[:, k] == 1`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import tensorflow as tf
+
+
+class CacheStepOutput(NamedTuple):
+    """What `call_with_cache` returns.
+
+    logits: float `[batch, T, vocab]`, or `[batch, 1, vocab]` (last position only) when the call asked
+        for `last_logits_only=True`.
+    hidden_states: float `[batch, T, hidden]`, the last layer's output after the final norm (what
+        contrastive search compares).
+    cache: the updated cache nest, same structure, shapes and dtypes as the one passed in.
+    """
+
+    logits: tf.Tensor
+    hidden_states: tf.Tensor
+    cache: Any
+
+
+@runtime_checkable
+class CausalLMProtocol(Protocol):
+    """What a causal LM provides so that `generate` can run it inside one compiled loop.
+
+    Attributes:
+        config: an object with `vocab_size`, `max_position_embeddings`, `bos_token_id`, `eos_token_id`
+            (int, list of ints or None) and `pad_token_id` (int or None).
+        generation_config: the model's default `tfgen.GenerationConfig`.
+    """
+
+    config: Any
+
+    def init_cache(self, batch_size: int, max_length: int, dtype: tf.DType | None = None) -> Any:
+        """Returns a zero-filled cache nest for `batch_size` rows and `max_length` slots; every leaf has
+        the batch as its leading axis."""
+        ...
+
+    def call_with_cache(
+        self,
+        input_ids: tf.Tensor,
+        cache: Any,
+        cache_index: tf.Tensor,
+        attention_mask: tf.Tensor,
+        position_ids: tf.Tensor,
+        last_logits_only: bool = False,
+    ) -> CacheStepOutput:
+        """Runs `input_ids` int32 `[batch, T]` at buffer indices `[cache_index, cache_index + T)`.
+
+        attention_mask: int32 `[batch, max_length]` over the whole cache buffer (1 = a real token whose
+            slot may be attended to). position_ids: int32 `[batch, T]` position of each new token.
+        cache_index: int32 scalar tensor. Returns `CacheStepOutput`.
+        """
+        ...

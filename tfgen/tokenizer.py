@@ -1,0 +1,399 @@
+"""Text <-> token ids for decoder-only LMs: a thin wrapper over a `tokenizers` `tokenizer.json`.
+
+`Tokenizer` reads the HF fast-tokenizer layout (`tokenizer.json` plus the optional `tokenizer_config.json`,
+`special_tokens_map.json`, `generation_config.json`, `config.json`), batches prompts with left padding for
+generation, and writes back a directory that `transformers.AutoTokenizer` loads. `IncrementalDecoder` turns a
+stream of generated ids into text pieces without ever emitting half a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+_SPECIAL_TOKEN_NAMES = ("bos", "eos", "pad")
+_PADDING_SIDES = ("left", "right")
+_RETURN_TENSORS = ("np", "tf", None)
+_TRUE_ENV_VALUES = {"1", "ON", "YES", "TRUE"}
+# Files read from a checkpoint; only tokenizer.json is required.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "config.json",
+)
+
+
+class Tokenizer:
+    """Byte-level BPE (or any `tokenizers` model) tokenizer with generation-friendly batching.
+
+    Args:
+        tokenizer: the backend `tokenizers.Tokenizer`. It is copied (not modified) when it needs changes: any
+            padding/truncation stored in it is dropped (this class pads and truncates itself), and configured special
+            tokens that are plain vocabulary entries get registered as special added tokens, as HF does, so they are
+            never split and `skip_special_tokens` drops them.
+        bos_token, eos_token, pad_token: special token strings; each must be in the vocabulary (`ValueError`
+            otherwise). Without a pad token, `pad_token_id` falls back to the eos id (GPT-2 practice: padded
+            positions are masked out, so which id fills them does not matter).
+        padding_side: "left" (default; generation appends after the last column, so prompts must end there) or
+            "right". Truncation follows it: with left padding the *last* `max_length` tokens are kept, since the end
+            of a prompt is what the next token depends on; with right padding the first ones are kept.
+    """
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+        padding_side: str = "left",
+    ):
+        if not isinstance(tokenizer, tokenizers.Tokenizer):
+            raise TypeError(f"tokenizer must be a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        self._special_tokens = {"bos": bos_token, "eos": eos_token, "pad": pad_token}
+        for name, content in self._special_tokens.items():
+            if content is not None and (not isinstance(content, str) or tokenizer.token_to_id(content) is None):
+                raise ValueError(f"{name}_token {content!r} is not in the tokenizer's vocabulary")
+        self._tokenizer = _prepared_backend(tokenizer, [t for t in self._special_tokens.values() if t is not None])
+        self.padding_side = padding_side
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
+        padding_side: str = "left",
+    ) -> Tokenizer:
+        """Loads a tokenizer from a local directory or a Hugging Face Hub repo id.
+
+        Special tokens come from `tokenizer_config.json`, then `special_tokens_map.json`, then the padding stored in
+        `tokenizer.json` (pad only); a token still missing is looked up by id in `generation_config.json`, then
+        `config.json` (`eos_token_id` lists use their first id). `padding_side` is an argument rather than read from
+        `tokenizer_config.json`, whose value is usually the training setting ("right") and wrong for generation.
+        Hub downloads fetch only the files above; `local_files_only=None` means "only if HF_HUB_OFFLINE is set".
+
+        Raises:
+            OSError: the path is not a directory holding `tokenizer.json` and no hub snapshot with it could be
+                found (unknown id, offline without a cached copy, ...); the message names `path_or_repo_id`.
+        """
+        directory = _resolve_checkpoint_directory(
+            os.fspath(path_or_repo_id), revision, cache_dir, token, local_files_only
+        )
+        tokenizer_path = os.path.join(directory, "tokenizer.json")
+        if not os.path.isfile(tokenizer_path):
+            raise OSError(f"no tokenizer.json in {os.fspath(path_or_repo_id)!r} (looked in {directory})")
+        backend = tokenizers.Tokenizer.from_file(tokenizer_path)
+        tokenizer_config, special_tokens_map, generation_config, model_config = (
+            _read_json(os.path.join(directory, name)) for name in _TOKENIZER_FILES[1:]
+        )
+        stored_padding = backend.padding or {}
+        token_sources = [tokenizer_config, special_tokens_map, {"pad_token": stored_padding.get("pad_token")}]
+        id_sources = (generation_config, model_config)
+        special_tokens = {}
+        for name in _SPECIAL_TOKEN_NAMES:
+            token_key, id_key = f"{name}_token", f"{name}_token_id"
+            content = next((_token_content(s[token_key]) for s in token_sources if s.get(token_key)), None)
+            if content is None:
+                token_id = next((c[id_key] for c in id_sources if c.get(id_key) is not None), None)
+                token_id = token_id[0] if isinstance(token_id, list) and token_id else token_id
+                content = backend.id_to_token(token_id) if isinstance(token_id, int) else None
+            special_tokens[token_key] = content
+        return cls(backend, padding_side=padding_side, **special_tokens)
+
+    @property
+    def padding_side(self) -> str:
+        """"left" or "right"; also picks which end truncation keeps (see the class docstring)."""
+        return self._padding_side
+
+    @padding_side.setter
+    def padding_side(self, side: str) -> None:
+        if side not in _PADDING_SIDES:
+            raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
+        self._padding_side = side
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce, added tokens included (HF's `len(tokenizer)`)."""
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token(self) -> str | None:
+        return self._special_tokens["bos"]
+
+    @property
+    def eos_token(self) -> str | None:
+        return self._special_tokens["eos"]
+
+    @property
+    def pad_token(self) -> str | None:
+        """The pad token, or the eos token when none is configured (see `pad_token_id`)."""
+        return self._special_tokens["pad"] or self._special_tokens["eos"]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._token_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._token_id(self.eos_token)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """Id used to fill padded positions: the pad token's, else the eos token's (GPT-2 practice), else None."""
+        return self._token_id(self.pad_token)
+
+    def _token_id(self, content: str | None) -> int | None:
+        return None if content is None else self._tokenizer.token_to_id(content)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of one string (special tokens per the tokenizer's post-processor when `add_special_tokens`)."""
+        _check_text(text, "text")
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        *,
+        padding: bool | str = True,
+        pad_to_multiple_of: int | None = None,
+        max_length: int | None = None,
+        truncation: bool = False,
+        add_special_tokens: bool = True,
+        return_tensors: str | None = "np",
+    ) -> dict[str, Any]:
+        """Tokenizes a string (a batch of one) or a list of strings into `input_ids` and `attention_mask`.
+
+        Args:
+            padding: True / "longest" pads to the longest row, "max_length" to `max_length`, False not at all (rows
+                must then have equal length unless `return_tensors=None`).
+            pad_to_multiple_of: rounds the padded length up to a multiple of this (fewer distinct XLA shapes).
+            max_length: the truncation limit (with `truncation=True`) and the "max_length" padding target.
+            truncation: cut rows to `max_length` tokens, special tokens included and kept; which end is kept
+                follows `padding_side` (left: the last tokens).
+            return_tensors: "np" (numpy int32), "tf" (tf.Tensor int32) or None (lists of lists).
+
+        Returns:
+            {"input_ids": [B, T], "attention_mask": [B, T]} with 1 on real tokens and 0 on padding.
+        """
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, (list, tuple)) or not texts:
+            raise TypeError(f"text must be a string or a non-empty list of strings, got {type(text).__name__}")
+        for item in texts:
+            _check_text(item, "text")
+        if return_tensors not in _RETURN_TENSORS:
+            raise ValueError(f"return_tensors must be 'np', 'tf' or None, got {return_tensors!r}")
+        if not (padding is True or padding is False or padding in ("longest", "max_length")):
+            raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}")
+        _check_positive_int(pad_to_multiple_of, "pad_to_multiple_of")
+        _check_positive_int(max_length, "max_length")
+        if (truncation or padding == "max_length") and max_length is None:
+            raise ValueError("max_length is required with truncation=True or padding='max_length'")
+        if pad_to_multiple_of is not None and padding is False:
+            raise ValueError("pad_to_multiple_of needs padding enabled")
+
+        rows = self._encode_batch(texts, add_special_tokens, max_length if truncation else None)
+        if padding is False and return_tensors is None:
+            return {"input_ids": rows, "attention_mask": [[1] * len(row) for row in rows]}
+        lengths = [len(row) for row in rows]
+        length = max_length if padding == "max_length" else max(lengths)
+        if pad_to_multiple_of is not None:
+            length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
+        if max(lengths) > length:
+            raise ValueError(f"a row has {max(lengths)} tokens, over max_length={max_length}; pass truncation=True")
+        if padding is False and min(lengths) != length:
+            raise ValueError("rows have different lengths; pass padding=True or return_tensors=None")
+        if self.pad_token_id is None and min(lengths) < length:
+            raise ValueError("padding needs a pad_token or eos_token, and this tokenizer has neither")
+
+        input_ids = np.full((len(rows), length), self.pad_token_id or 0, np.int32)
+        attention_mask = np.zeros((len(rows), length), np.int32)
+        for row_index, row in enumerate(rows):
+            columns = slice(length - len(row), length) if self._padding_side == "left" else slice(0, len(row))
+            input_ids[row_index, columns] = row
+            attention_mask[row_index, columns] = 1
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if return_tensors == "tf":
+            import tensorflow as tf  # lazy: tokenizing does not otherwise need TensorFlow
+
+            return {key: tf.constant(value) for key, value in batch.items()}
+        return batch if return_tensors == "np" else {key: value.tolist() for key, value in batch.items()}
+
+    def _encode_batch(self, texts: Sequence[str], add_special_tokens: bool, max_length: int | None) -> list[list[int]]:
+        """Token ids per text, truncated to `max_length` (special tokens included) when given."""
+        # Truncate before the post-processor adds special tokens, so a BOS survives keeping the last tokens.
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        if max_length is not None:
+            special_count = self._tokenizer.num_special_tokens_to_add(False) if add_special_tokens else 0
+            if max_length < special_count:
+                raise ValueError(f"max_length={max_length} leaves no room for the {special_count} special tokens")
+            for encoding in encodings:
+                encoding.truncate(max_length - special_count, direction=self._padding_side)
+        return [self._tokenizer.post_process(e, add_special_tokens=add_special_tokens).ids for e in encodings]
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """Text of `ids` (an int, a list, or a 1-D numpy array / tensor of ints), without clean-up of spaces."""
+        return self._tokenizer.decode(_as_id_list(ids, "ids"), skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch: Any, skip_special_tokens: bool = False) -> list[str]:
+        """Texts of each row of `batch` (a list of id lists, or a 2-D numpy array / tensor `[B, T]`)."""
+        if getattr(batch, "ndim", 2) != 2:
+            raise ValueError(f"batch must be 2-D [batch, length], got shape {tuple(batch.shape)}")
+        rows = [_as_id_list(row, "batch row") for row in batch]
+        return self._tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Writes `tokenizer.json` and a `tokenizer_config.json` that `transformers.AutoTokenizer` loads as a
+        `PreTrainedTokenizerFast` with the same ids, special tokens, padding and truncation sides.
+
+        The eos fallback for padding is written as an explicit `pad_token`, so HF can pad the same way.
+        """
+        os.makedirs(directory, exist_ok=True)
+        self._tokenizer.save(os.path.join(directory, "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "padding_side": self._padding_side,
+            "truncation_side": self._padding_side,
+            "clean_up_tokenization_spaces": False,
+        }
+        for name, content in (("bos", self.bos_token), ("eos", self.eos_token), ("pad", self.pad_token)):
+            if content is not None:
+                config[f"{name}_token"] = content
+        # PreTrainedTokenizerFast overwrites the pre-tokenizer's add_prefix_space with this key (default False).
+        if self._tokenizer.pre_tokenizer is not None:
+            pre_tokenizer_state = json.loads(self._tokenizer.pre_tokenizer.__getstate__())
+            if "add_prefix_space" in pre_tokenizer_state:
+                config["add_prefix_space"] = pre_tokenizer_state["add_prefix_space"]
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump(config, file, indent=2, ensure_ascii=False)
+
+
+class IncrementalDecoder:
+    """Streams generated ids as text: each `push` returns the text completed since the previous one.
+
+    Text ending in U+FFFD (an incomplete multi-byte character) is held back until a later id completes it, and
+    `"".join(pushes) + flush() == tokenizer.decode(all_ids, skip_special_tokens)`. Each push decodes only a short
+    window (the ids of the last emitted piece, for context such as word-initial spaces, plus the pending ids), so
+    its cost does not grow with the stream.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer must be a tfgen Tokenizer, got {type(tokenizer).__name__}")
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._reset()
+
+    def _reset(self) -> None:
+        self._window: list[int] = []  # context ids (already emitted), then pending ids
+        self._context_length = 0
+
+    def _window_texts(self) -> tuple[str, str]:
+        decode = self._tokenizer.decode
+        return (
+            decode(self._window[: self._context_length], skip_special_tokens=self._skip_special_tokens),
+            decode(self._window, skip_special_tokens=self._skip_special_tokens),
+        )
+
+    def push(self, token_ids: Any) -> str:
+        """Adds ids (an int, a list, or a 1-D array / tensor) and returns the newly completed text ("" if none)."""
+        self._window.extend(_as_id_list(token_ids, "token_ids"))
+        context_text, window_text = self._window_texts()
+        if len(window_text) <= len(context_text) or window_text.endswith("\ufffd"):
+            return ""
+        self._window = self._window[self._context_length :]
+        self._context_length = len(self._window)
+        return window_text[len(context_text) :]
+
+    def flush(self) -> str:
+        """Returns whatever is still held back (even an incomplete character) and resets for a new stream."""
+        context_text, window_text = self._window_texts()
+        self._reset()
+        return window_text[len(context_text) :]
+
+
+def _prepared_backend(backend: tokenizers.Tokenizer, special_tokens: Iterable[str]) -> tokenizers.Tokenizer:
+    """`backend`, or a copy without stored padding/truncation and with `special_tokens` registered as special."""
+    registered = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+    unregistered = [content for content in dict.fromkeys(special_tokens) if content not in registered]
+    if backend.padding is None and backend.truncation is None and not unregistered:
+        return backend
+    backend = copy.deepcopy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    backend.add_special_tokens([tokenizers.AddedToken(content, special=True) for content in unregistered])
+    return backend
+
+
+def _resolve_checkpoint_directory(
+    path_or_repo_id: str,
+    revision: str | None,
+    cache_dir: str | os.PathLike | None,
+    token: str | bool | None,
+    local_files_only: bool | None,
+) -> str:
+    """A local directory holding the tokenizer files: the path itself, or a (possibly cached) hub snapshot."""
+    if os.path.isdir(path_or_repo_id):
+        return path_or_repo_id
+    import huggingface_hub  # lazy: only hub ids need it
+
+    if local_files_only is None:
+        # Read the variable now: huggingface_hub's own flag is frozen when it is first imported.
+        local_files_only = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE_ENV_VALUES
+    try:
+        return huggingface_hub.snapshot_download(
+            repo_id=path_or_repo_id,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+            allow_patterns=list(_TOKENIZER_FILES),
+        )
+    except (OSError, ValueError) as error:  # hub HTTP/connection errors are OSErrors, bad ids ValueErrors
+        raise OSError(
+            f"cannot load a tokenizer from {path_or_repo_id!r}: it is not a local directory and the Hugging Face "
+            f"Hub lookup failed ({type(error).__name__}: {error})"
+        ) from error
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)
+
+
+def _token_content(value: str | dict | None) -> str | None:
+    """Token string of a config entry, which is either the string or a serialized AddedToken dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _check_text(text: Any, name: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
+
+
+def _check_positive_int(value: Any, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _as_id_list(ids: Any, name: str) -> list[int]:
+    """Python ints of a scalar or 1-D id container (list, tuple, numpy array, eager tensor)."""
+    array = np.asarray(ids)
+    if array.size == 0:
+        return []
+    if array.ndim > 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must be an int or a 1-D sequence of ints, got shape {array.shape} {array.dtype}")
+    return array.reshape(-1).tolist()
