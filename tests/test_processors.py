@@ -261,6 +261,16 @@ def test_top_k_cap_rule():
     assert processor_spec_from_config(types.SimpleNamespace(do_sample=False, top_k=100), 1000).top_k is False
 
 
+def test_min_tokens_to_keep_only_shapes_beam_sampling():
+    """The number of eos ids changes min_tokens_to_keep, a static part of the program key; without sampling no
+    warper reads it, so plain beam search with 1 or 3 eos ids must select the same program."""
+    spec = lambda **options: processor_spec_from_config(types.SimpleNamespace(**options), VOCAB, num_beams=4)  # noqa
+    assert spec(do_sample=False, eos_token_id=2) == spec(do_sample=False, eos_token_id=[2, 3, 4])
+    assert spec(do_sample=False, eos_token_id=[2, 3, 4]).min_tokens_to_keep == 1
+    sampled = processor_spec_from_config(types.SimpleNamespace(do_sample=True, eos_token_id=[2, 3]), VOCAB, num_beams=4)
+    assert sampled.min_tokens_to_keep == 3
+
+
 class BoostLastToken(LogitsProcessor):
     """Adds 5 to the score of each row's most recent token (HF-TF convention: cur_len indexes the buffer)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import torch
 
 from tfgen.decoding.transition_scores import compute_transition_scores
@@ -103,3 +104,28 @@ def test_bad_arguments_are_rejected():
         compute_transition_scores(sequences, scores, np.zeros([3, 3], np.int32))
     with pytest.raises(ValueError, match="input_length"):
         compute_transition_scores(sequences, scores, input_length=4)
+
+
+def test_the_seeds_example_through_the_model_method(tiny_model, batch):
+    """HF's documented recipe, verbatim but for tfgen's model: no eos, so the beams use the whole budget and
+    HF's default (generated tokens are the last columns) holds for tfgen's fixed-width output."""
+    ids, mask = batch
+    outputs = tiny_model.generate(
+        ids, attention_mask=mask, max_new_tokens=5, num_beams=4, num_return_sequences=4,
+        return_dict_in_generate=True, output_scores=True, eos_token_id=None,
+    )
+    transition_scores = tiny_model.compute_transition_scores(
+        outputs.sequences, outputs.scores, outputs.beam_indices, normalize_logits=False
+    )
+    output_length = np.sum(transition_scores.numpy() < 0, axis=1)
+    length_penalty = tiny_model.generation_config.length_penalty
+    reconstructed_scores = transition_scores.numpy().sum(axis=1) / (output_length**length_penalty)
+    assert np.allclose(outputs.sequences_scores, reconstructed_scores)
+    # Greedy, normalised: each step's log-probability of the chosen token, also the model method's job.
+    greedy = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None,
+                                 return_dict_in_generate=True, output_scores=True)
+    log_probs = tiny_model.compute_transition_scores(greedy.sequences, greedy.scores, normalize_logits=True).numpy()
+    chosen = greedy.sequences.numpy()[:, -5:]
+    expected = np.stack([tf.nn.log_softmax(step).numpy()[np.arange(len(chosen)), chosen[:, i]]
+                         for i, step in enumerate(greedy.scores)], axis=1)
+    np.testing.assert_allclose(log_probs, expected, atol=1e-6)

@@ -13,6 +13,7 @@ SUBCOMMAND_MODULES = [
     "tfgen.commands.batch",
     "tfgen.commands.export",
     "tfgen.commands.serve",
+    "tfgen.commands.bench",
 ]
 
 

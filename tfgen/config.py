@@ -262,7 +262,7 @@ class GenerationConfig:
     # ----------------------------------------------------------------------------------------------------
     # Use by generate()
 
-    def update(self, **kwargs: Any) -> dict[str, Any]:
+    def update(self, _warn_unused: bool = True, **kwargs: Any) -> dict[str, Any]:
         """Sets the attributes named in `kwargs` that this config has and returns the others, as HF does.
 
         The result is validated before anything is changed: on a ValueError/TypeError the config is untouched.
@@ -270,7 +270,7 @@ class GenerationConfig:
         known = {key: value for key, value in kwargs.items() if key in vars(self)}
         candidate = copy.copy(self)
         vars(candidate).update(known)
-        candidate.validate()
+        candidate.validate(warn_unused=_warn_unused)
         vars(self).update(known)
         return {key: value for key, value in kwargs.items() if key not in known}
 
@@ -316,12 +316,13 @@ class GenerationConfig:
     # ----------------------------------------------------------------------------------------------------
     # Validation
 
-    def validate(self) -> None:
+    def validate(self, *, warn_unused: bool = True, stacklevel: int = 3) -> None:
         """Checks types, ranges and combinations of the options.
 
         Raises TypeError (wrong type) or ValueError (bad value or contradiction), naming the attribute.
         Options that merely have no effect in the selected mode (e.g. `temperature` without `do_sample`)
-        produce one `UserWarning` listing them, with the same attributes HF 4.55 reports.
+        produce one `UserWarning` listing them, with the same attributes HF 4.55 reports (unless
+        `warn_unused=False`; `stacklevel` is passed to `warnings.warn`).
         """
         for name, (kind, optional, in_range, expected) in _NUMERIC_RULES.items():
             value = getattr(self, name)
@@ -339,11 +340,11 @@ class GenerationConfig:
             raise ValueError(f"`early_stopping` must be True, False or 'never', got {self.early_stopping!r}.")
         self._validate_token_ids()
         self._validate_combinations()
-        issues = self._no_effect_issues()
+        issues = self._no_effect_issues() if warn_unused else None
         if issues:
             listed = "\n".join(f"- `{name}`: {issue}" for name, issue in issues.items())
             warnings.warn(f"Generation options that have no effect with these settings and are ignored:\n{listed}",
-                          UserWarning, stacklevel=3)  # the caller of __init__ / update
+                          UserWarning, stacklevel=stacklevel)  # default: the caller of __init__ / update
 
     def _validate_token_ids(self) -> None:
         for accepted, names in (("id", ("pad_token_id", "bos_token_id", "forced_bos_token_id")),

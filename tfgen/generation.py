@@ -23,6 +23,7 @@ from tfgen.config import GenerationConfig, GenerationMode
 from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.sampling import GreedyOrSampleLoop
 from tfgen.decoding.strategies import STRATEGIES, Strategy
+from tfgen.decoding.transition_scores import compute_transition_scores
 from tfgen.outputs import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 from tfgen.processors import processor_knobs_from_config, processor_spec_from_config
 from tfgen.random import derive_seeds, random_seeds
@@ -141,6 +142,26 @@ class TFGenerationMixin:
             result = program(request.decode_inputs)
         return _finish(request, result)
 
+    def compute_transition_scores(
+        self,
+        sequences,
+        scores,
+        beam_indices=None,
+        normalize_logits: bool = False,
+        *,
+        input_length=None,
+    ) -> tf.Tensor:
+        """The score each step gave to the chosen token, float32 `[rows, steps]`, as HF's method of that name.
+
+        `sequences`, `scores` (or `logits`) and `beam_indices` come from a `return_dict_in_generate=True`
+        output. tfgen pads `sequences` to `prompt_len + max_new_tokens`, so when generation stopped before the
+        budget pass `input_length=prompt_len` (HF's default reads the generated tokens from the last columns).
+        See `tfgen.decoding.transition_scores.compute_transition_scores`.
+        """
+        return compute_transition_scores(
+            sequences, scores, beam_indices, normalize_logits, input_length=input_length
+        )
+
     def _generate_streaming(self, request: "_Request", streamer: BaseStreamer, jit_compile: bool):
         """Runs the loop in compiled chunks and hands each chunk's new tokens to `streamer`."""
         loop = GreedyOrSampleLoop(
@@ -162,12 +183,16 @@ class TFGenerationMixin:
         )
         rows, prompt_width = request.batch_size, int(inputs.input_ids.shape[1])
         try:
-            streamer.put(inputs.input_ids.numpy()[:rows, request.start :])
+            prompt_sent = False
             emitted = 0
             while True:
                 with _announce_compile(request, is_new and jit_compile):
                     state = chunk(inputs, state)
                 is_new = False
+                if not prompt_sent:
+                    # After the first chunk, so the compile notice on stderr does not split the streamed text.
+                    streamer.put(inputs.input_ids.numpy()[:rows, request.start :])
+                    prompt_sent = True
                 steps = int(state.step)
                 new_columns = state.sequences[:rows, prompt_width + emitted : prompt_width + steps].numpy()
                 for column in new_columns.T:
@@ -410,14 +435,15 @@ def _resolve_config(model, generation_config, kwargs) -> tuple[GenerationConfig,
         base = GenerationConfig.from_model_config(model.config)
     config = base.copy()
     explicit_max_length = "max_length" in kwargs
-    unused = config.update(**kwargs)
+    # Validated once below, so options without effect are reported in one warning, at the caller's line.
+    unused = config.update(_warn_unused=False, **kwargs)
     if unused:
         raise ValueError(
             f"unknown generation option(s): {', '.join(sorted(unused))}. They are neither GenerationConfig "
             f"attributes nor generate() arguments ({', '.join(_MODEL_INPUT_KWARGS)}, seed, logits_processor, "
             "jit_compile)."
         )
-    config.validate()
+    config.validate(stacklevel=5)  # warnings point at the caller of generate()
     return config, explicit_max_length
 
 

@@ -214,13 +214,15 @@ def _active_options(config, vocab_size: int) -> dict[str, Any]:
 
 def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -> ProcessorSpec:
     """The static processor pipeline HF 4.55.4's `_get_logits_processor` builds for `config` (HF attribute
-    names; `eos_token_id` int, list or None). Warpers only with `do_sample`; `num_beams > 1` sets HF's
+    names; `eos_token_id` int, list or None). Warpers only with `do_sample`; beam sampling sets HF's
     min_tokens_to_keep (number of eos ids + 1). Raises ValueError for unsupported options or invalid values."""
     active = _active_options(config, vocab_size)
     do_sample = bool(_option(config, "do_sample"))
     is_on = lambda name: active[name] is not None and (do_sample or name not in _WARPERS)  # noqa: E731
     min_tokens_to_keep = 1
-    if num_beams > 1:  # HF keeps a non-eos continuation alive for every beam
+    # Only the warpers read it, so it stays 1 (one program key) unless sampling: HF keeps a non-eos
+    # continuation alive for every sampled beam.
+    if num_beams > 1 and do_sample:
         min_tokens_to_keep = len(active["eos_token_id"]) + 1 if active["eos_token_id"] else 2
     top_k_cap = 0
     if is_on("top_k"):
