@@ -38,6 +38,10 @@ SAMPLE_ROWS = {
     "max_new_tokens": [MAX_NEW_TOKENS, 5, MAX_NEW_TOKENS],
 }
 SAMPLING_OPTIONS = {"do_sample": True, "top_k": 8, "temperature": 0.9}
+# Per-row knobs of the beam_search / contrastive signatures (values exact in float32, the inputs' dtype).
+BEAM_ROWS = {"length_penalty": [1.0, 0.5, 2.0], "max_new_tokens": [MAX_NEW_TOKENS, MAX_NEW_TOKENS, 5]}
+CONTRASTIVE_ROWS = {"penalty_alpha": [0.5, 0.25, 0.75], "max_new_tokens": [MAX_NEW_TOKENS, 6, MAX_NEW_TOKENS]}
+EXPORTED_NUM_BEAMS, EXPORTED_TOP_K = 3, 4
 TEXTS = ["the quick brown", "lazy dog", "over the fox jumps"]
 _WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
 
@@ -64,6 +68,8 @@ def requests() -> dict:
         "serving_default": prompt,
         "greedy": {**prompt, "max_new_tokens": GREEDY_BUDGETS},
         "sample": {**prompt, **SAMPLE_ROWS},
+        "beam_search": {**prompt, **BEAM_ROWS},
+        "contrastive": {**prompt, **CONTRASTIVE_ROWS},
         "generate_text": {"text": TEXTS},
     }
 
@@ -104,10 +110,11 @@ def _export_tiny_model(tmp_path_factory, tiny_model) -> Exports:
     sampling_config.update(**SAMPLING_OPTIONS)
     tokenizer = bpe_tokenizer()
     root = tmp_path_factory.mktemp("exports")
+    choices = dict(num_beams=EXPORTED_NUM_BEAMS, contrastive_top_k=EXPORTED_TOP_K)
     jit = export_saved_model(tiny_model, root / "jit", greedy_config, max_new_tokens=MAX_NEW_TOKENS,
-                             signatures=["serving_default", "greedy"])
+                             signatures=["serving_default", "greedy", "beam_search", "contrastive"], **choices)
     portable = export_saved_model(tiny_model, root / "portable", sampling_config, max_new_tokens=MAX_NEW_TOKENS,
-                                  jit_compile=False, tokenizer=tokenizer)
+                                  jit_compile=False, tokenizer=tokenizer, **choices)
     return Exports(jit, portable, eos_token_ids, tokenizer)
 
 
@@ -126,7 +133,20 @@ def _generate_references(tiny_model, eos_token_ids) -> dict:
     default_sampling = tiny_model.generate(
         ids, attention_mask=mask, seed=default_row_seeds(ids, mask).numpy(), **SAMPLING_OPTIONS, **common
     ).numpy()
-    return {"greedy": greedy, "sampled_rows": sampled_rows, "default_sampling": default_sampling}
+    beam_rows, beam_scores, contrastive_rows = [], [], []
+    for row, prompt in enumerate(PROMPTS):
+        # Each row alone, unpadded, with its own knobs: the signature's row must not depend on its batch.
+        alone = {**common, "max_new_tokens": BEAM_ROWS["max_new_tokens"][row], "do_sample": False}
+        out = tiny_model.generate([prompt], num_beams=EXPORTED_NUM_BEAMS, return_dict_in_generate=True,
+                                  length_penalty=BEAM_ROWS["length_penalty"][row], **alone)
+        beam_rows.append(out.sequences.numpy()[0, len(prompt):])
+        beam_scores.append(float(out.sequences_scores.numpy()[0]))
+        alone["max_new_tokens"] = CONTRASTIVE_ROWS["max_new_tokens"][row]
+        contrastive_rows.append(tiny_model.generate(
+            [prompt], top_k=EXPORTED_TOP_K, penalty_alpha=CONTRASTIVE_ROWS["penalty_alpha"][row], **alone
+        ).numpy()[0, len(prompt):])
+    return {"greedy": greedy, "sampled_rows": sampled_rows, "default_sampling": default_sampling,
+            "beam_rows": beam_rows, "beam_scores": beam_scores, "contrastive_rows": contrastive_rows}
 
 
 def text_reference(tiny_model, tokenizer: Tokenizer, eos_token_ids) -> list[str]:
@@ -170,7 +190,7 @@ disable_xla = libtensorflow._ZN10tensorflow21DisableXlaCompilationEv  # what ten
 if xla == "disable-xla-first":
     disable_xla()
 requests = json.load(open(request_file))
-dtypes = {"temperature": np.float32, "top_p": np.float32}
+dtypes = {"temperature": np.float32, "top_p": np.float32, "length_penalty": np.float32, "penalty_alpha": np.float32}
 plain = lambda array: np.char.decode(array.astype(bytes)).tolist() if array.dtype == object else array.tolist()
 results = {"tfgen_importable": tfgen_importable, "saved_model.load": {}, "tf1_session": {}}
 with tf.compat.v1.Session(graph=tf.Graph()) as session:
@@ -276,12 +296,20 @@ def test_signature_defs_leave_batch_and_prompt_length_open(exports):
         **prompt, "seed": (int32, [-1, 2]), "temperature": (float32, [-1]), "top_k": (int32, [-1]),
         "top_p": (float32, [-1]), "max_new_tokens": (int32, [-1]),
     }
-    for name in ("serving_default", "greedy", "sample"):
+    assert layout(signature_defs["beam_search"].inputs) == {
+        **prompt, "length_penalty": (float32, [-1]), "max_new_tokens": (int32, [-1]),
+    }
+    assert layout(signature_defs["contrastive"].inputs) == {
+        **prompt, "penalty_alpha": (float32, [-1]), "max_new_tokens": (int32, [-1]),
+    }
+    for name in ("serving_default", "greedy", "sample", "contrastive"):
         assert layout(signature_defs[name].outputs) == outputs
+    assert layout(signature_defs["beam_search"].outputs) == {**outputs, "sequences_scores": (float32, [-1])}
     assert layout(signature_defs["generate_text"].inputs) == {"text": (string, [-1])}
     assert layout(signature_defs["generate_text"].outputs) == {"text": (string, [-1])}
     info = json.loads(open(os.path.join(exports.portable, "assets.extra", "tfgen_export.json")).read())
     assert info["max_new_tokens"] == MAX_NEW_TOKENS and info["jit_compile"] is False
+    assert (info["num_beams"], info["contrastive_top_k"]) == (EXPORTED_NUM_BEAMS, EXPORTED_TOP_K)
     assert set(info["signatures"]) == set(SIGNATURES)
 
 
@@ -324,6 +352,35 @@ def test_sample_signature_matches_generate_row_by_row(portable_results, referenc
     assert references["sampled_rows"][1][width:width + 5].tolist() != references["greedy"][1][width:width + 5].tolist()
 
 
+def as_exported(generated_rows, budgets) -> np.ndarray:
+    """Rows of new tokens (generated alone, each up to its budget) laid out as a signature returns them: the
+    left-padded prompts, the new tokens, pad (0) up to the export's buffer."""
+    ids, _ = left_padded_batch(PROMPTS)
+    full = np.zeros((len(PROMPTS), ids.shape[1] + MAX_NEW_TOKENS), np.int64)
+    full[:, : ids.shape[1]] = ids
+    for row, (tokens, budget) in enumerate(zip(generated_rows, budgets)):
+        full[row, ids.shape[1] : ids.shape[1] + budget] = tokens[:budget]
+    return full
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", LOADERS)
+def test_beam_and_contrastive_signatures_match_generate_row_by_row(isolated, references, exports, loader):
+    _, results = isolated
+    width = len(requests()["beam_search"]["input_ids"][0])
+    for name, rows, knobs in (("beam_search", references["beam_rows"], BEAM_ROWS),
+                              ("contrastive", references["contrastive_rows"], CONTRASTIVE_ROWS)):
+        budgets = knobs["max_new_tokens"]
+        expected, lengths = within_budget(as_exported(rows, budgets), width, budgets, exports.eos_token_ids, 0)
+        assert results[loader][name]["sequences"] == expected.tolist(), name
+        assert results[loader][name]["sequence_lengths"] == lengths, name
+    np.testing.assert_allclose(results[loader]["beam_search"]["sequences_scores"], references["beam_scores"],
+                               atol=1e-5)
+    # The per-row knobs have teeth: the beam rows differ in length penalty and budget, and contrastive search
+    # with these alphas left greedy search somewhere.
+    assert len(set(references["beam_scores"])) == 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loader", LOADERS)
 def test_text_signature_matches_python_tokenization_and_generate(portable_results, exports, tiny_model, loader):
@@ -358,7 +415,10 @@ def test_default_row_seeds_depend_on_the_prompt_only():
         ({"signatures": ["generate_text"]}, ValueError, "needs a tokenizer"),
         ({"max_new_tokens": 64}, ValueError, "positions"),
         ({"max_new_tokens": 0}, ValueError, "max_new_tokens"),
-        ({"generation_config": {"num_beams": 2}}, ValueError, "cannot be exported yet"),
+        ({"generation_config": {"num_beams": 2, "num_beam_groups": 2, "diversity_penalty": 0.5}}, ValueError,
+         "cannot be exported yet"),
+        ({"num_beams": 1}, ValueError, "num_beams"),
+        ({"contrastive_top_k": 1}, ValueError, "contrastive_top_k"),
         ({"generation_config": {"do_sample": True, "num_return_sequences": 2}}, ValueError, "num_return_sequences"),
         ({"tokenizer": "word_level"}, ValueError, "byte-level BPE"),
     ],

@@ -209,14 +209,15 @@ def test_cli_exports_then_serves_a_model_folder(tiny_checkpoint, tiny_model, tmp
 
     out = tmp_path / "served"
     export = ["export", "--model", tiny_checkpoint[0], "--max-new-tokens", "4", "--no-jit",
-              "--signatures", "greedy,greedy", str(out)]
+              "--signatures", "greedy,greedy", "--num-beams", "3", "--contrastive-top-k", "5", str(out)]
     assert cli_main(export) == 0
     assert capsys.readouterr().out.strip() == str(out / "1")
     assert os.listdir(out) == ["1"]  # no staging folder left behind
     assert {"saved_model.pb", "variables", "assets.extra"} <= set(os.listdir(out / "1"))
     info = json.loads((out / "1" / "assets.extra" / "tfgen_export.json").read_text())
     signatures = {"greedy": SIGNATURES["greedy"].description}
-    assert info == {"max_new_tokens": 4, "jit_compile": False, "signatures": signatures}
+    assert info == {"max_new_tokens": 4, "jit_compile": False, "signatures": signatures, "num_beams": 3,
+                    "contrastive_top_k": 5}
     assert cli_main(export) == 2  # the version exists: refused, untouched
     assert "already exists" in capsys.readouterr().err
 

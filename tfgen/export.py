@@ -32,8 +32,14 @@ DEFAULT_MAX_NEW_TOKENS = 20
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
 _PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)
 _MASK32 = 0xFFFFFFFF
-# Decoding modes whose exported signatures are tested; beam and contrastive search come with their signatures.
-_EXPORTABLE_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+# Decoding modes whose exported signatures are tested (group beam search and beam sampling are not exported).
+_EXPORTABLE_MODES = (
+    GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.CONTRASTIVE_SEARCH,
+)
+# Beams of the beam_search signature and candidates of the contrastive one, unless the export or its
+# generation config says otherwise (HF's contrastive examples use top_k=4).
+DEFAULT_NUM_BEAMS = 4
+DEFAULT_CONTRASTIVE_TOP_K = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,8 @@ ROW_INPUTS: dict[str, RowInput] = {
     "temperature": RowInput(tf.float32, is_valid=lambda v: v > 0, requirement="> 0"),
     "top_k": RowInput(tf.int32, is_valid=lambda v: v >= 0, requirement=">= 0 (0 = no top-k)"),
     "top_p": RowInput(tf.float32, is_valid=lambda v: (v >= 0) & (v <= 1), requirement="in [0, 1] (1 = no top-p)"),
+    "length_penalty": RowInput(tf.float32, is_valid=lambda v: tf.math.is_finite(v), requirement="finite"),
+    "penalty_alpha": RowInput(tf.float32, is_valid=lambda v: (v >= 0) & (v <= 1), requirement="in [0, 1]"),
 }
 
 
@@ -62,8 +70,8 @@ class SignatureSpec:
     """What one exported signature runs.
 
     description: one line for `assets.extra/tfgen_export.json` and the docs.
-    generation_options: overrides of the exported GenerationConfig; the decoding strategy (`STRATEGIES`) is the
-        mode the result selects.
+    generation_options: overrides of the exported GenerationConfig (a dict, or a function of the export's
+        `ExportChoices` returning one); the decoding strategy (`STRATEGIES`) is the mode the result selects.
     row_inputs: names from `ROW_INPUTS` taken besides `input_ids` and `attention_mask`.
     processor_overrides: `ProcessorSpec` fields forced on so that the row inputs always apply (a row sending a
         neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
@@ -72,11 +80,19 @@ class SignatureSpec:
     """
 
     description: str
-    generation_options: dict = dataclasses.field(default_factory=dict)
+    generation_options: dict | Callable[["ExportChoices"], dict] = dataclasses.field(default_factory=dict)
     row_inputs: tuple[str, ...] = ()
     processor_overrides: dict = dataclasses.field(default_factory=dict)
     outputs: tuple[str, ...] = ()
     text: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportChoices:
+    """Static choices of one export that shape its programs: beams of `beam_search`, candidates of `contrastive`."""
+
+    num_beams: int
+    contrastive_top_k: int
 
 
 _ONE_TOKEN_PER_STEP = {"num_beams": 1, "penalty_alpha": None}
@@ -93,6 +109,23 @@ SIGNATURES: dict[str, SignatureSpec] = {
         generation_options={"do_sample": True, **_ONE_TOKEN_PER_STEP},
         row_inputs=("seed", "temperature", "top_k", "top_p", "max_new_tokens"),
         processor_overrides={"temperature": True, "top_k": True, "top_k_cap": 0, "top_p": True},
+    ),
+    "beam_search": SignatureSpec(
+        "beam search (beams fixed at export) with per-row length_penalty and budget; returns sequences_scores",
+        generation_options=lambda choices: {
+            "do_sample": False, "num_beams": choices.num_beams, "num_beam_groups": 1, "penalty_alpha": None,
+        },
+        row_inputs=("length_penalty", "max_new_tokens"),
+        outputs=("sequences_scores",),
+    ),
+    "contrastive": SignatureSpec(
+        "contrastive search (top_k candidates fixed at export) with per-row penalty_alpha and budget",
+        generation_options=lambda choices: {
+            "do_sample": False, "num_beams": 1, "top_k": choices.contrastive_top_k,
+            # Any value > 0 selects the mode; each row's own value comes from the penalty_alpha input.
+            "penalty_alpha": 0.5,
+        },
+        row_inputs=("penalty_alpha", "max_new_tokens"),
     ),
     "generate_text": SignatureSpec(
         "serving_default on text: byte-level BPE tokenization in the graph, returns the generated text",
@@ -135,6 +168,8 @@ def export_saved_model(
     jit_compile: bool = True,
     signatures: Optional[Sequence[str]] = None,
     tokenizer=None,
+    num_beams: Optional[int] = None,
+    contrastive_top_k: Optional[int] = None,
 ) -> str:
     """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
 
@@ -150,6 +185,9 @@ def export_saved_model(
             `docs/serving.md`); False exports a plain TF graph that runs on any TF Serving build.
         signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given).
         tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`).
+        num_beams: beams of the `beam_search` signature (default: the config's `num_beams` when above 1, else 4).
+        contrastive_top_k: candidates per step of the `contrastive` signature (default: the config's `top_k` when
+            the config selects contrastive search, else 4).
 
     Returns the version directory. It is written under a temporary name and renamed when complete, so TF
     Serving polling `export_dir` never loads a half-written version.
@@ -163,7 +201,10 @@ def export_saved_model(
     names = _signature_names(signatures, tokenizer is not None)
     config = _export_config(model, generation_config)
     buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
-    exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer if "generate_text" in names else None)
+    choices = _export_choices(config, num_beams, contrastive_top_k)
+    exporter = _Exporter(
+        model, config, buffer_new_tokens, jit_compile, tokenizer if "generate_text" in names else None, choices
+    )
     functions = {name: exporter.concrete_function(SIGNATURES[name]) for name in names}
     if not jit_compile:
         xla_ops = _xla_only_ops(functions.values())
@@ -184,6 +225,7 @@ def export_saved_model(
         info = {
             "max_new_tokens": buffer_new_tokens,
             "jit_compile": bool(jit_compile),
+            **dataclasses.asdict(choices),
             "signatures": {name: SIGNATURES[name].description for name in names},
         }
         with open(os.path.join(extra, EXPORT_INFO_FILE), "w", encoding="utf-8") as file:
@@ -218,6 +260,18 @@ def _export_config(model, generation_config) -> GenerationConfig:
             "generation_config: num_return_sequences must be 1 in an export (send a prompt once per sample wanted)"
         )
     return config.copy()
+
+
+def _export_choices(config: GenerationConfig, num_beams, contrastive_top_k) -> ExportChoices:
+    if num_beams is None:
+        num_beams = config.num_beams if config.num_beams > 1 else DEFAULT_NUM_BEAMS
+    if contrastive_top_k is None:
+        selects_contrastive = config.get_generation_mode() == GenerationMode.CONTRASTIVE_SEARCH
+        contrastive_top_k = config.top_k if selects_contrastive else DEFAULT_CONTRASTIVE_TOP_K
+    for name, value in (("num_beams", num_beams), ("contrastive_top_k", contrastive_top_k)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 2:
+            raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
+    return ExportChoices(int(num_beams), int(contrastive_top_k))
 
 
 def _buffer_new_tokens(model, config: GenerationConfig, max_new_tokens) -> int:
@@ -280,9 +334,13 @@ def _model_variables(model) -> list:
 class _Exporter:
     """Builds the signature functions of one export; `module` holds everything they capture."""
 
-    def __init__(self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer):
+    def __init__(
+        self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer,
+        choices: ExportChoices,
+    ):
         self.model = model if jit_compile else _WithoutStaticTokenCount(model)
         self.config = config
+        self.choices = choices
         self.vocab_size = int(model.config.vocab_size)
         self.buffer_new_tokens = buffer_new_tokens
         self.jit_compile = jit_compile
@@ -360,7 +418,8 @@ class _Exporter:
             # Options the override makes irrelevant (e.g. temperature under greedy) are not the caller's doing.
             warnings.simplefilter("ignore", UserWarning)
             config = self.config.copy()
-            config.update(**spec.generation_options)
+            options = spec.generation_options
+            config.update(**(options(self.choices) if callable(options) else options))
         mode = config.get_generation_mode()
         if mode not in _EXPORTABLE_MODES:
             raise ValueError(

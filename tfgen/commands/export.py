@@ -25,6 +25,9 @@ def add_parser(subparsers) -> None:
         help=f"comma-separated subset of {','.join(SIGNATURES)} (default: all)",
     )
     parser.add_argument("--no-text", action="store_true", help="skip generate_text even when a tokenizer is present")
+    parser.add_argument("--num-beams", type=int, help="beams of the beam_search signature (default: config, else 4)")
+    parser.add_argument("--contrastive-top-k", type=int,
+                        help="candidates per step of the contrastive signature (default: config, else 4)")
     parser.set_defaults(handler=run)
 
 
@@ -55,6 +58,8 @@ def run(args) -> int:
             jit_compile=not args.no_jit,
             signatures=args.signatures,
             tokenizer=tokenizer,
+            num_beams=args.num_beams,
+            contrastive_top_k=args.contrastive_top_k,
         )
     except ImportError as error:
         raise ValueError(f"{error} (or pass --no-text)") from None
