@@ -60,10 +60,32 @@ def test_checkpoint_info_counts_the_bytes_a_decode_step_reads(tiny_checkpoint):
     assert info["weight_bytes_per_step"] == 4 * (info["parameters"] - positions * embd)
 
 
-def test_docs_render_from_saved_results(quick_run, tmp_path):
+def load_tool():
     spec = importlib.util.spec_from_file_location("bench_tool", ROOT / "tools" / "bench.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_runs_merge_into_one_report(quick_run):
+    """A second run with another batch size joins the first run's model; its cells sort by batch."""
+    first = quick_run[2]
+    second = json.loads(json.dumps(first))
+    second["settings"]["batches"] = [4]
+    for entry in second["models"]:
+        entry["first_call"], entry["bandwidth_gbs"], entry["roofline_tokens_per_s"] = {}, None, None
+        for cell in entry["cells"]:
+            cell["batch"] = 4
+    merged = load_tool().merge([second, first])
+    assert merged["settings"]["batches"] == [4, 1]
+    (entry,) = merged["models"]
+    assert [cell["batch"] for cell in entry["cells"]] == [4, 1]
+    assert entry["roofline_tokens_per_s"] == first["models"][0]["roofline_tokens_per_s"]
+    assert "| greedy | 4 |" in bench.report_tables(merged)
+
+
+def test_docs_render_from_saved_results(quick_run, tmp_path):
+    tool = load_tool()
     results_path = tmp_path / "results.json"
     results_path.write_text(json.dumps(quick_run[2]))
     page = tmp_path / "performance.md"
@@ -88,6 +110,7 @@ def test_first_call_is_measured_in_a_fresh_process(tiny_checkpoint):
     [
         (["--runs", "0"], "--runs must be positive"),
         (["--models", "no/such/dir"], "neither"),
+        (["--first-call-only", "--no-first-call"], "contradict"),
     ],
 )
 def test_bad_options_are_one_clear_line(arguments, message, capsys):

@@ -68,3 +68,28 @@ def test_console_script_runs(model_dir):
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("w9 w8")
+
+
+def test_greedy_flag_on_a_sampling_config_warns_nothing(model_dir, tmp_path, capsys):
+    """`--greedy` overrides a model whose config samples; the config's temperature is then unused, which is
+    not the user's doing, so no warning. The same call from Python does warn, once."""
+    import json
+    import warnings
+
+    sampling_dir = tmp_path / "sampling_model"
+    shutil.copytree(model_dir, sampling_dir)
+    config = json.loads((sampling_dir / "generation_config.json").read_text())
+    config.update(do_sample=True, temperature=0.7)
+    (sampling_dir / "generation_config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["generate", "--model", str(sampling_dir), "w5 w6", "--max-new-tokens", "4", "--greedy"]) == 0
+    assert not [w for w in caught if "no effect" in str(w.message)]
+    assert capsys.readouterr().out.startswith("w5 w6")
+    model = AutoModelForCausalLM.from_pretrained(str(sampling_dir))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.generate(np.array([[5, 6]]), max_new_tokens=4, do_sample=False)
+    no_effect = [w for w in caught if "no effect" in str(w.message)]
+    assert len(no_effect) == 1 and "temperature" in str(no_effect[0].message)
+    assert no_effect[0].filename == __file__  # points at the caller's line

@@ -3,6 +3,7 @@
     python tools/bench.py                          # full run (see `tfgen bench --help` for the flags)
     python tools/bench.py --quick                  # smoke run of the whole pipeline
     python tools/bench.py --from-json results.json # re-render the docs from a saved run
+    python tools/bench.py --from-json a.json,b.json # ... or from several runs, merged (e.g. more batch sizes)
 
 The tables go between the `<!-- bench:begin -->` / `<!-- bench:end -->` markers of the performance page (the
 prose around them is left alone); plots need matplotlib (`pip install -e ".[bench]"`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +26,46 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in Path(text).name).strip("-")
+
+
+def merge(runs: list[dict]) -> dict:
+    """One results dict from several runs: cells of the same model are concatenated (in run order) — a cell
+    measured again takes the later run's results for the libraries that run measured — settings list the
+    union of batches and strategies, the last run that measured first calls supplies them, and the roofline
+    is recomputed from every bandwidth probe."""
+    merged = json.loads(json.dumps(runs[0]))
+    for run in runs[1:]:
+        settings = merged["settings"]
+        for name in ("libraries", "strategies", "batches"):
+            settings[name] += [value for value in run["settings"][name] if value not in settings[name]]
+        settings["runs"] = min(settings["runs"], run["settings"]["runs"])
+        merged["machine"]["load_average_at_end"] = run["machine"]["load_average_at_end"]
+        by_name = {entry["model"]: entry for entry in merged["models"]}
+        for entry in run["models"]:
+            if entry["model"] not in by_name:
+                merged["models"].append(entry)
+                continue
+            target = by_name[entry["model"]]
+            cells = {(cell["strategy"], cell["batch"]): cell for cell in target["cells"]}
+            for cell in entry["cells"]:
+                known = cells.get((cell["strategy"], cell["batch"]))
+                if known is None:
+                    target["cells"].append(cell)
+                else:  # a re-measurement: the later run's libraries replace the earlier ones'
+                    known["results"].update(cell["results"])
+                    known["bandwidth_gbs"] = known["bandwidth_gbs"] + cell["bandwidth_gbs"]
+                    known.setdefault("remeasured", []).extend(cell["results"])
+            if entry.get("first_call"):  # measured again: the later run's fresh processes win
+                target["first_call"] = entry["first_call"]
+    for entry in merged["models"]:
+        # The roofline over every bandwidth probe of every run, as one run computes it over its own.
+        bandwidth = [value for cell in entry["cells"] for value in cell["bandwidth_gbs"]]
+        if bandwidth:
+            entry["bandwidth_gbs"] = statistics.median(bandwidth)
+            entry["roofline_tokens_per_s"] = entry["bandwidth_gbs"] * 1e9 / entry["weight_bytes_per_step"]
+        entry["cells"].sort(key=lambda cell: (merged["settings"]["batches"].index(cell["batch"]),
+                                              merged["settings"]["strategies"].index(cell["strategy"])))
+    return merged
 
 
 def plot(results: dict, directory: Path) -> list[Path]:
@@ -106,12 +148,12 @@ def render(results: dict, page: Path, images: list[Path]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(parser)
-    parser.add_argument("--from-json", help="render a saved run (from --json) instead of measuring")
+    parser.add_argument("--from-json", help="render saved runs (comma-separated --json files) instead of measuring")
     parser.add_argument("--docs", default=str(ROOT / "docs"), help="where performance.md and the plots go")
     parser.add_argument("--no-docs", action="store_true", help="print the tables only")
     options = parser.parse_args(argv)
     if options.from_json:
-        results = json.loads(Path(options.from_json).read_text())
+        results = merge([json.loads(Path(path).read_text()) for path in options.from_json.split(",")])
     else:
         bench.apply_quick(options)
         bench.check_options(options)

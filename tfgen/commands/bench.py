@@ -373,8 +373,20 @@ def _worker(library: str, checkpoint: str, strategies: str, prompt_len: str, new
             report["first_call_s"][strategy] = time.perf_counter() - start
         except Exception as error:  # noqa: BLE001
             report["errors"][strategy] = _short(error)
-    report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    report["peak_rss_mb"] = _peak_rss_mb()
     print(json.dumps(report))
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory in MB. Linux carries `ru_maxrss` over from the parent through fork
+    and exec, so a worker started by a big benchmark process would report the parent's peak; the address
+    space's own high-water mark (`VmHWM`) starts fresh at exec."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
 
 
 def _versions() -> dict:
@@ -410,6 +422,8 @@ def run_benchmark(options, log=print) -> dict:
             for library in options.libraries:
                 log(f"   first call, fresh process: {library} ...")
                 entry["first_call"][library] = first_call_in_subprocess(library, checkpoint, options)
+        if options.first_call_only:
+            continue
         runners = {}
         for library in options.libraries:
             try:
@@ -447,6 +461,10 @@ def _fmt(value, digits=1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _remeasured(cell) -> tuple:
+    return tuple(dict.fromkeys(cell.get("remeasured", ())))
+
+
 def report_tables(results: dict) -> str:
     """The results as markdown tables: throughput with ratios and roofline, then first call and memory."""
     libraries = results["settings"]["libraries"]
@@ -462,21 +480,35 @@ def report_tables(results: dict) -> str:
                 f"= **{roofline:.1f} tokens/s**.",
                 "",
             ]
+        # Cells measured again in a later run (tools/bench.py merges runs): one marker per set of libraries.
+        markers = {}
+        for cell in entry["cells"]:
+            if cell.get("remeasured"):
+                markers.setdefault(_remeasured(cell), "\\*" * (len(markers) + 1))
         header = ["strategy", "batch", *libraries, *(f"tfgen ÷ {peer}" for peer in peers)]
         if roofline:
             header.append("tfgen % of roofline")
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for cell in entry["cells"]:
             speed = {lib: cell["results"].get(lib, {}).get("tokens_per_s") for lib in libraries}
-            row = [cell["strategy"], str(cell["batch"]), *(_fmt(speed[lib]) for lib in libraries)]
+            strategy = cell["strategy"] + (f" {markers[_remeasured(cell)]}" if cell.get("remeasured") else "")
+            row = [strategy, str(cell["batch"]), *(_fmt(speed[lib]) for lib in libraries)]
             for peer in peers:
                 both = speed.get("tfgen") and speed.get(peer)
                 row.append(f"{speed['tfgen'] / speed[peer]:.2f}×" if both else "n/a")
             if roofline:
                 tfgen = speed.get("tfgen")
-                row.append(f"{100 * tfgen / roofline:.0f}%" if cell["batch"] == 1 and tfgen else "")
+                # The roofline is a bound for one token per row per step; beams and candidates read more.
+                one_token = cell["batch"] == 1 and cell["strategy"] in ("greedy", "sample")
+                row.append(f"{100 * tfgen / roofline:.0f}%" if one_token and tfgen else "")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+        for remeasured, marker in markers.items():
+            lines += [
+                f"{marker} measured again in a later run for {', '.join(remeasured)} (ratios between those come "
+                "from the same run; the other libraries' figures come from the first run).",
+                "",
+            ]
         agreements = [
             (cell, lib, cell["results"][lib]["agreement_with_tfgen"])
             for cell in entry["cells"] for lib in libraries if "agreement_with_tfgen" in cell["results"].get(lib, {})
@@ -542,6 +574,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--no-first-call", dest="first_call", action="store_false",
                         help="skip the fresh-process first-call / peak-memory measurement")
+    parser.add_argument("--first-call-only", action="store_true",
+                        help="only the fresh-process first-call / peak-memory measurement, no steady runs")
     parser.add_argument("--worker-timeout", type=int, default=1800, help="seconds per first-call subprocess")
     parser.add_argument("--cache-dir", default=os.path.join(Path.home(), ".cache", "tfgen", "bench"),
                         help="where the random checkpoint is built once")
@@ -563,6 +597,8 @@ def check_options(options) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(options, name)}")
     if options.warmup < 0 or any(batch <= 0 for batch in options.batches):
         raise ValueError("--warmup must be >= 0 and --batches positive")
+    if options.first_call_only and not options.first_call:
+        raise ValueError("--first-call-only and --no-first-call contradict each other")
 
 
 def add_parser(subparsers) -> None:

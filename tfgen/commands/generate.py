@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="continue a prompt with a model")
@@ -44,14 +46,18 @@ def run(args) -> int:
     options = {name: value for name, value in options.items() if value is not None}
     encoded = tokenizer(args.prompt, return_tensors="np")
     streamer = TextStreamer(tokenizer) if args.stream else None
-    sequences = model.generate(
-        encoded["input_ids"],
-        attention_mask=encoded["attention_mask"],
-        seed=args.seed,
-        jit_compile=not args.no_jit,
-        streamer=streamer,
-        **options,
-    )
+    with warnings.catch_warnings():
+        if args.do_sample is False:
+            # --greedy overrides a sampling config; its then unused temperature/top-p are not the user's doing.
+            warnings.filterwarnings("ignore", message="Generation options that have no effect")
+        sequences = model.generate(
+            encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            seed=args.seed,
+            jit_compile=not args.no_jit,
+            streamer=streamer,
+            **options,
+        )
     if streamer is None:
         print(tokenizer.decode(sequences[0].numpy(), skip_special_tokens=True))
     return 0

@@ -13,6 +13,9 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+# Private module, as in tfgen.models.gpt2: the in-place slice write XLA needs, which also runs eagerly.
+from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
+
 from tfgen.decoding.beam import gather_rows, record_step, size_of, step_buffer
 from tfgen.decoding.common import DecodeInputs, is_eos, prefill, write_column
 from tfgen.processors import ProcessorContext, apply_processors
@@ -78,6 +81,7 @@ def decode_contrastive_search(
     probability_weight = tf.cast(1.0 - alpha, tf.float32)[:, None]
     alpha = tf.cast(alpha, tf.float32)[:, None]
     budget = tf.reduce_max(inputs.max_new_tokens)
+    slot_axis = getattr(model, "cache_slot_axis", None)
 
     def choose(state: _State) -> _State:
         context = ProcessorContext(
@@ -115,7 +119,7 @@ def decode_contrastive_search(
             step=state.step + 1,
             sequences=write_column(state.sequences, tokens, index),
             buffer_mask=buffer_mask,
-            cache=gather_rows(out.cache, tf.repeat(chosen_rows, top_k)),
+            cache=_keep_chosen(out.cache, tf.repeat(chosen_rows, top_k), index, slot_axis),
             logits=tf.gather(tf.cast(out.logits[:, -1, :], tf.float32), chosen_rows),
             context=_write_hidden(state.context, tf.gather(candidates, chosen_rows), index),
             next_position=state.next_position + 1,
@@ -151,6 +155,25 @@ def decode_contrastive_search(
     if output_logits:
         result["logits"] = state.raw_logits
     return result
+
+
+def _keep_chosen(cache, chosen_rows: tf.Tensor, index, slot_axis):
+    """The cache with every row replaced by row `chosen_rows[row]` (int32 `[R]`).
+
+    The `top_k` copies of a prompt's cache differ only in the slot the candidates just wrote (`index`), so when
+    the model declares its slot axis only that slot is copied — a `[R, ..., 1, ...]` gather instead of reading
+    and writing the whole cache every step (at batch 16 that would cost about as much as the weights).
+    """
+    if slot_axis is None:
+        return gather_rows(cache, chosen_rows)
+
+    def fix_slot(leaf):
+        slot = tf.gather(tf.gather(leaf, tf.reshape(index, [1]), axis=slot_axis), chosen_rows)
+        corner = tf.one_hot(slot_axis, leaf.shape.rank, on_value=tf.cast(index, tf.int32), dtype=tf.int32)
+        # In place under XLA (the cache is loop-carried); a portable (non-XLA) export hides `cache_slot_axis`.
+        return dynamic_update_slice(leaf, slot, corner)
+
+    return tf.nest.map_structure(fix_slot, cache)
 
 
 def _write_hidden(context: tf.Tensor, vectors: tf.Tensor, index) -> tf.Tensor:

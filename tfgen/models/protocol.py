@@ -8,6 +8,10 @@ Cache layout: the cache is any nest (tuple/list/dict) of fixed-shape tensors who
 batch**. The mixin relies on that to expand the cache for beams and to reorder it with `tf.gather`
 along axis 0; it never looks inside otherwise.
 
+Optional: a model may set `cache_slot_axis` (an int) when every cache leaf keeps its slots on that axis (GPT-2:
+`[batch, heads, max_length, head_dim]`, axis 2). Contrastive search then copies only the chosen candidate's new
+slot into its siblings each step instead of gathering whole cache rows.
+
 Buffer coordinates: the cache has `max_length` slots. Slot `i` holds the keys/values of the token at
 buffer index `i`. A call writes the `T` tokens it is given into slots `[cache_index, cache_index + T)`.
 A query at buffer index `q` attends to slot `k` iff `k <= q` and `attention_mask[:, k] == 1`.
