@@ -355,3 +355,31 @@ def test_missing_knob_is_named():
     spec = processor_spec_from_config(types.SimpleNamespace(do_sample=True, top_p=0.5), VOCAB)
     with pytest.raises(ValueError, match="top_p"):
         apply_processors(spec, SCORES, context(6), {})
+
+
+class ForceTokenAfter(LogitsProcessor):
+    """Forces `token` once `cur_len` passes `after`, with a Python `if` on a tensor — code that only traces
+    with autograph, which generate() turns on for calls with user processors."""
+
+    def __init__(self, token: int, after: int):
+        self.token, self.after = token, after
+
+    def __call__(self, input_ids, scores, cur_len):
+        if cur_len > self.after:
+            scores = tf.where(tf.range(tf.shape(scores)[-1]) == self.token, 0.0, float("-inf")) + 0 * scores
+        return scores
+
+
+def test_user_processor_with_python_control_flow_runs_compiled(tiny_model):
+    ids = np.array([[5, 6, 7]], np.int32)
+    # cur_len is a buffer index: the prompt is left-padded to its 16-column bucket, so the first new token is
+    # chosen at 16, and tokens from the third one (cur_len 18 > 17) on are forced.
+    forced = ForceTokenAfter(token=11, after=17)
+    compiled = tiny_model.generate(ids, max_new_tokens=6, eos_token_id=None, logits_processor=[forced]).numpy()
+    eager = tiny_model.generate(
+        ids, max_new_tokens=6, eos_token_id=None, logits_processor=[forced], jit_compile=False
+    ).numpy()
+    np.testing.assert_array_equal(compiled, eager)
+    plain = tiny_model.generate(ids, max_new_tokens=6, eos_token_id=None).numpy()
+    np.testing.assert_array_equal(compiled[0, 3:5], plain[0, 3:5])
+    assert (compiled[0, 5:] == 11).all() and not (plain[0, 5:] == 11).all()
