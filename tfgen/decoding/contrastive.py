@@ -82,6 +82,9 @@ def decode_contrastive_search(
     alpha = tf.cast(alpha, tf.float32)[:, None]
     budget = tf.reduce_max(inputs.max_new_tokens)
     slot_axis = getattr(model, "cache_slot_axis", None)
+    # Only the chosen candidate's logits are used: models that can apply their LM head separately skip it for
+    # the other top_k - 1 candidates.
+    head_on_chosen_only = callable(getattr(model, "logits_from_hidden", None))
 
     def choose(state: _State) -> _State:
         context = ProcessorContext(
@@ -102,6 +105,7 @@ def decode_contrastive_search(
             index,
             tf.gather(buffer_mask, copies),
             tf.gather(state.next_position, copies)[:, None],
+            **({"compute_logits": False} if head_on_chosen_only else {}),
         )
         candidates = _unit(out.hidden_states[:, -1, :])  # [B*k, D]
         cosine = tf.einsum("bkd,bld->bkl", tf.reshape(candidates, [batch_size, top_k, -1]), state.context)
@@ -120,7 +124,7 @@ def decode_contrastive_search(
             sequences=write_column(state.sequences, tokens, index),
             buffer_mask=buffer_mask,
             cache=_keep_chosen(out.cache, tf.repeat(chosen_rows, top_k), index, slot_axis),
-            logits=tf.gather(tf.cast(out.logits[:, -1, :], tf.float32), chosen_rows),
+            logits=_chosen_logits(model, out, chosen_rows, head_on_chosen_only),
             context=_write_hidden(state.context, tf.gather(candidates, chosen_rows), index),
             next_position=state.next_position + 1,
             finished=finished,
@@ -155,6 +159,13 @@ def decode_contrastive_search(
     if output_logits:
         result["logits"] = state.raw_logits
     return result
+
+
+def _chosen_logits(model, out, chosen_rows: tf.Tensor, head_on_chosen_only: bool) -> tf.Tensor:
+    """float32 `[B, V]`: the next-token logits of each prompt's chosen candidate (rows `chosen_rows`)."""
+    if head_on_chosen_only:
+        return tf.cast(model.logits_from_hidden(tf.gather(out.hidden_states[:, -1, :], chosen_rows)), tf.float32)
+    return tf.gather(tf.cast(out.logits[:, -1, :], tf.float32), chosen_rows)
 
 
 def _keep_chosen(cache, chosen_rows: tf.Tensor, index, slot_axis):

@@ -359,20 +359,28 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         return tuple((tf.zeros(shape, dtype), tf.zeros(shape, dtype)) for _ in self.blocks)
 
     def call_with_cache(
-        self, input_ids, cache, cache_index, attention_mask, position_ids, last_logits_only=False
+        self, input_ids, cache, cache_index, attention_mask, position_ids, last_logits_only=False, compute_logits=True
     ) -> CacheStepOutput:
         """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see
         `tfgen.models.protocol`). attention_mask: `[B, max_length]` over the whole buffer; position_ids
         int `[B, T]`. Returns `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D],
-        cache)`."""
+        cache)`; with `compute_logits=False` the LM head is skipped and `logits` is None (see
+        `logits_from_hidden`)."""
         if len(cache) != len(self.blocks):
             raise ValueError(f"cache has {len(cache)} layers, the model has {len(self.blocks)}")
         cache_index = tf.cast(cache_index, tf.int32)
         input_ids = tf.cast(input_ids, tf.int32)
         allowed = _attention_allowed(cache_index + tf.range(tf.shape(input_ids)[1]), attention_mask)
         hidden, cache = self._forward(input_ids, tf.cast(position_ids, tf.int32), allowed, cache, cache_index, False)
+        if not compute_logits:
+            return CacheStepOutput(None, hidden, cache)
         logits = self._logits(hidden[:, -1:] if last_logits_only else hidden)
         return CacheStepOutput(logits, hidden, cache)
+
+    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
+        """float32 logits `[..., vocab]` of final-norm hidden states `[..., D]` (the `hidden_states` of
+        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call."""
+        return self._logits(hidden_states)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Keras hook. With a `loss` given to `compile()`, Keras's default. Otherwise the causal-LM loss:

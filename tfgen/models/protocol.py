@@ -12,6 +12,11 @@ Optional: a model may set `cache_slot_axis` (an int) when every cache leaf keeps
 `[batch, heads, max_length, head_dim]`, axis 2). Contrastive search then copies only the chosen candidate's new
 slot into its siblings each step instead of gathering whole cache rows.
 
+Optional: `logits_from_hidden(hidden_states) -> logits` (the LM head alone) together with a
+`compute_logits=False` keyword of `call_with_cache` (then `logits` is None). Contrastive search runs `top_k`
+candidates per prompt but needs the logits of the chosen one only; with these it skips the LM head for the
+others (on GPT-2 small the head is a quarter of a step's weights and FLOPs).
+
 Buffer coordinates: the cache has `max_length` slots. Slot `i` holds the keys/values of the token at
 buffer index `i`. A call writes the `T` tokens it is given into slots `[cache_index, cache_index + T)`.
 A query at buffer index `q` attends to slot `k` iff `k <= q` and `attention_mask[:, k] == 1`.
