@@ -162,6 +162,22 @@ def test_half_precision_paths_agree(hf_checkpoint, tf_model, dtype):
     assert np.abs(full.logits.numpy()[real] - reference[real]).max() < 0.05 * np.abs(reference).max()
 
 
+def test_decoding_view_computes_the_same_logits(tf_model):
+    """The multi-row view multiplies by a transposed copy of the LM head: same logits, same cache, no new weights;
+    one-row steps get the model itself."""
+    assert tf_model.decoding_view(1) is tf_model
+    view = tf_model.decoding_view(3)
+    assert view.config is tf_model.config and len(view.variables) == len(tf_model.variables)
+    input_ids, attention_mask = left_padded_batch()
+    positions = tf.maximum(tf.cumsum(attention_mask, 1) - 1, 0)
+    plain = tf_model.call_with_cache(input_ids, tf_model.init_cache(3, 10), 0, attention_mask, positions)
+    viewed = view.call_with_cache(input_ids, tf_model.init_cache(3, 10), 0, attention_mask, positions)
+    np.testing.assert_allclose(viewed.logits.numpy(), plain.logits.numpy(), atol=1e-5)
+    for ours, theirs in zip(tf.nest.flatten(viewed.cache), tf.nest.flatten(plain.cache)):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    np.testing.assert_allclose(view.logits_from_hidden(plain.hidden_states).numpy(), plain.logits.numpy(), atol=1e-5)
+
+
 def test_decode_step_compiles_once_for_every_cache_index(tf_model):
     cache = tf_model.init_cache(1, 8)
     mask = tf.ones([1, 8], tf.int32)

@@ -314,6 +314,10 @@ class _WithoutStaticTokenCount:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
+    def decoding_view(self, rows):
+        # The model's view would call the unwrapped model; this wrapper must stay in between.
+        return self
+
     def call_with_cache(self, input_ids, *args, **kwargs):
         unknown_length = tf.compat.v1.placeholder_with_default(input_ids, [None, None])
         return self._model.call_with_cache(unknown_length, *args, **kwargs)

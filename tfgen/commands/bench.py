@@ -505,8 +505,9 @@ def report_tables(results: dict) -> str:
         lines.append("")
         for remeasured, marker in markers.items():
             lines += [
-                f"{marker} measured again in a later run for {', '.join(remeasured)} (ratios between those come "
-                "from the same run; the other libraries' figures come from the first run).",
+                f"{marker} measured again in later runs for {', '.join(remeasured)}; the other libraries' figures "
+                "come from the first run (tools/bench.py merges runs; docs/performance.md lists which run "
+                "measured what).",
                 "",
             ]
         agreements = [

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgen.decoding.common import DecodeInputs, prefill
+from tfgen.decoding.common import DecodeInputs, decoding_model, prefill
 from tfgen.processors import ProcessorContext, apply_processors
 from tfgen.random import uniform_per_element
 
@@ -222,6 +222,7 @@ def _commit(decoder: _Decoder, rows, tokens, processed, prompt_width, output_sco
 def _run(model, inputs, buffer_new_tokens, start: _Decoder, search, choose):
     """Chooses the first token from the prefill's logits, then loops (forward, choose) until every prompt's
     search is done (`search.done` all True) or the longest budget is spent."""
+    model = decoding_model(model, start.buffer_mask.shape[0])  # rows: prompts x beams
     prompt_width = tf.shape(inputs.input_ids)[1]
     budget = tf.reduce_max(inputs.max_new_tokens)
     decoder, search = choose(start, search)

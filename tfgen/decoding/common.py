@@ -51,6 +51,13 @@ class Prefill(NamedTuple):
     next_position: tf.Tensor
 
 
+def decoding_model(model, rows):
+    """`model.decoding_view(rows)` when the model offers one (see `tfgen.models.protocol`), else the model.
+    Called in the program before a loop, so what the view prepares is computed once per run, not per step."""
+    view = getattr(model, "decoding_view", None)
+    return model if view is None else view(rows)
+
+
 def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int) -> Prefill:
     """Allocates the static buffers (`L = T + buffer_new_tokens` slots) and runs the whole prompt at once."""
     # Dynamic sizes (constants under a fixed-shape trace), so an exported signature can leave batch and

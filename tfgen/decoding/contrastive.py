@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
 
 from tfgen.decoding.beam import gather_rows, record_step, size_of, step_buffer
-from tfgen.decoding.common import DecodeInputs, is_eos, prefill, write_column
+from tfgen.decoding.common import DecodeInputs, decoding_model, is_eos, prefill, write_column
 from tfgen.processors import ProcessorContext, apply_processors
 
 
@@ -85,6 +85,8 @@ def decode_contrastive_search(
     # Only the chosen candidate's logits are used: models that can apply their LM head separately skip it for
     # the other top_k - 1 candidates.
     head_on_chosen_only = callable(getattr(model, "logits_from_hidden", None))
+    # The LM head then runs on one row per prompt: the view for that many rows.
+    model = decoding_model(model, inputs.input_ids.shape[0] if head_on_chosen_only else None)
 
     def choose(state: _State) -> _State:
         context = ProcessorContext(

@@ -11,7 +11,14 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgen.decoding.common import DecodeInputs, is_eos, prefill, sample_from_scores, write_column
+from tfgen.decoding.common import (
+    DecodeInputs,
+    decoding_model,
+    is_eos,
+    prefill,
+    sample_from_scores,
+    write_column,
+)
 from tfgen.processors import ProcessorContext, apply_processors
 
 
@@ -98,9 +105,10 @@ class GreedyOrSampleLoop:
         """Runs up to `max_steps` more steps; stops early once every row finished or spent its budget."""
         budget = tf.reduce_max(inputs.max_new_tokens)
         stop_at = state.step + max_steps
+        loop = dataclasses.replace(self, model=decoding_model(self.model, inputs.input_ids.shape[0]))
         return tf.while_loop(
             lambda s: (s.step < budget) & (s.step < stop_at) & ~tf.reduce_all(s.finished),
-            lambda s: (self._advance(inputs, s),),
+            lambda s: (loop._advance(inputs, s),),
             (state,),
             maximum_iterations=max_steps,
         )[0]

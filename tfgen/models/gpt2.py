@@ -318,9 +318,24 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         hidden = _layer_norm(x, *self.ln_f, self.config.layer_norm_epsilon)
         return hidden, None if cache is None else tuple(new_caches)
 
-    def _logits(self, hidden):
+    def _logits(self, hidden, head_transposed=None):
         # float32 logits whatever the compute dtype: losses and sampling want full precision.
+        if head_transposed is not None:  # `[D, vocab]`, see `decoding_view`
+            return tf.cast(tf.matmul(hidden, tf.cast(head_transposed, hidden.dtype)), tf.float32)
         return tf.cast(tf.matmul(hidden, tf.cast(self.lm_head, hidden.dtype), transpose_b=True), tf.float32)
+
+    def decoding_view(self, rows):
+        """The model as a decode loop should call it for steps of `rows` rows (an int, or None if unknown).
+
+        The tied LM head multiplies by the `[vocab, D]` embedding, which XLA's CPU dot reads at about half the
+        bandwidth of a `[D, vocab]` matrix once a step has several rows (beams, candidates, batches; see
+        docs/performance.md). For those the view transposes the head once per program run, before the loop,
+        and the steps use the copy: nothing is stored, so it can never go stale. One-row steps are already
+        fast (a matrix-vector product) and get the model itself.
+        """
+        if rows == 1:
+            return self
+        return _TransposedHeadView(self, tf.transpose(self.lm_head))
 
     def call(self, input_ids, attention_mask=None, position_ids=None, training=False) -> CausalLMOutput:
         """Full causal forward.
@@ -359,7 +374,15 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         return tuple((tf.zeros(shape, dtype), tf.zeros(shape, dtype)) for _ in self.blocks)
 
     def call_with_cache(
-        self, input_ids, cache, cache_index, attention_mask, position_ids, last_logits_only=False, compute_logits=True
+        self,
+        input_ids,
+        cache,
+        cache_index,
+        attention_mask,
+        position_ids,
+        last_logits_only=False,
+        compute_logits=True,
+        _head_transposed=None,
     ) -> CacheStepOutput:
         """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see
         `tfgen.models.protocol`). attention_mask: `[B, max_length]` over the whole buffer; position_ids
@@ -374,7 +397,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         hidden, cache = self._forward(input_ids, tf.cast(position_ids, tf.int32), allowed, cache, cache_index, False)
         if not compute_logits:
             return CacheStepOutput(None, hidden, cache)
-        logits = self._logits(hidden[:, -1:] if last_logits_only else hidden)
+        logits = self._logits(hidden[:, -1:] if last_logits_only else hidden, _head_transposed)
         return CacheStepOutput(logits, hidden, cache)
 
     def logits_from_hidden(self, hidden_states) -> tf.Tensor:
@@ -450,3 +473,22 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         )
         if self.generation_config is not None:
             self.generation_config.save_pretrained(directory)
+
+
+class _TransposedHeadView:
+    """A GPT-2 model whose LM head uses a `[D, vocab]` copy made for one program run (see `decoding_view`)."""
+
+    def __init__(self, model: GPT2LMHeadModel, head_transposed: tf.Tensor):
+        self._model, self._head_transposed = model, head_transposed
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decoding_view(self, rows):
+        return self
+
+    def call_with_cache(self, *args, **kwargs) -> CacheStepOutput:
+        return self._model.call_with_cache(*args, _head_transposed=self._head_transposed, **kwargs)
+
+    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
+        return self._model._logits(hidden_states, self._head_transposed)

@@ -17,6 +17,11 @@ Optional: `logits_from_hidden(hidden_states) -> logits` (the LM head alone) toge
 candidates per prompt but needs the logits of the chosen one only; with these it skips the LM head for the
 others (on GPT-2 small the head is a quarter of a step's weights and FLOPs).
 
+Optional: `decoding_view(rows) -> model`, called inside the program before each decode loop with the number
+of rows its steps run (None when unknown): the model may return a stand-in that prepared something once per
+run (GPT-2 transposes its LM head for multi-row steps, where XLA's CPU dot reads the `[vocab, D]` layout at
+about half speed).
+
 Buffer coordinates: the cache has `max_length` slots. Slot `i` holds the keys/values of the token at
 buffer index `i`. A call writes the `T` tokens it is given into slots `[cache_index, cache_index + T)`.
 A query at buffer index `q` attends to slot `k` iff `k <= q` and `attention_mask[:, k] == 1`.
