@@ -262,7 +262,7 @@ class GenerationConfig:
     # ----------------------------------------------------------------------------------------------------
     # Use by generate()
 
-    def update(self, _warn_unused: bool = True, **kwargs: Any) -> dict[str, Any]:
+    def update(self, **kwargs: Any) -> dict[str, Any]:
         """Sets the attributes named in `kwargs` that this config has and returns the others, as HF does.
 
         The result is validated before anything is changed: on a ValueError/TypeError the config is untouched.
@@ -270,7 +270,7 @@ class GenerationConfig:
         known = {key: value for key, value in kwargs.items() if key in vars(self)}
         candidate = copy.copy(self)
         vars(candidate).update(known)
-        candidate.validate(warn_unused=_warn_unused)
+        candidate.validate()
         vars(self).update(known)
         return {key: value for key, value in kwargs.items() if key not in known}
 
@@ -316,13 +316,13 @@ class GenerationConfig:
     # ----------------------------------------------------------------------------------------------------
     # Validation
 
-    def validate(self, *, warn_unused: bool = True, stacklevel: int = 3) -> None:
+    def validate(self, *, stacklevel: int = 3) -> None:
         """Checks types, ranges and combinations of the options.
 
         Raises TypeError (wrong type) or ValueError (bad value or contradiction), naming the attribute.
         Options that merely have no effect in the selected mode (e.g. `temperature` without `do_sample`)
-        produce one `UserWarning` listing them, with the same attributes HF 4.55 reports (unless
-        `warn_unused=False`; `stacklevel` is passed to `warnings.warn`).
+        produce one `UserWarning` listing them, with the same attributes HF 4.55 reports (`stacklevel` is
+        passed to `warnings.warn`; the default points at the caller of `__init__` / `update`).
         """
         for name, (kind, optional, in_range, expected) in _NUMERIC_RULES.items():
             value = getattr(self, name)
@@ -340,11 +340,11 @@ class GenerationConfig:
             raise ValueError(f"`early_stopping` must be True, False or 'never', got {self.early_stopping!r}.")
         self._validate_token_ids()
         self._validate_combinations()
-        issues = self._no_effect_issues() if warn_unused else None
+        issues = self._no_effect_issues()
         if issues:
             listed = "\n".join(f"- `{name}`: {issue}" for name, issue in issues.items())
             warnings.warn(f"Generation options that have no effect with these settings and are ignored:\n{listed}",
-                          UserWarning, stacklevel=stacklevel)  # default: the caller of __init__ / update
+                          UserWarning, stacklevel=stacklevel)
 
     def _validate_token_ids(self) -> None:
         for accepted, names in (("id", ("pad_token_id", "bos_token_id", "forced_bos_token_id")),
@@ -391,7 +391,7 @@ class GenerationConfig:
                     issues[name] = f"set to {value!r}, but {reason}."
 
         if not self.do_sample:
-            sampling_only = dict(_SAMPLING_ONLY)
+            sampling_only = dict(SAMPLING_ONLY_NEUTRAL)
             if self.penalty_alpha is not None:  # contrastive search uses top_k
                 del sampling_only["top_k"]
             flag_non_neutral(sampling_only, "`do_sample` is False and it is only used when sampling")
@@ -416,8 +416,9 @@ _BOOL_FLAGS = ("do_sample", "use_cache", "renormalize_logits", "remove_invalid_v
                *_OUTPUT_FLAGS)
 _OPTIONAL_BOOL_FLAGS = ("output_logits",)
 
-# Values at which a sampling-only / beam-only option does nothing (HF 4.55 warns when they differ).
-_SAMPLING_ONLY = {"temperature": 1.0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "top_k": 50,
+# Values at which a sampling-only / beam-only option does nothing (HF 4.55 warns when they differ). Public:
+# `tfgen generate --greedy` resets a sampling config's warpers to these.
+SAMPLING_ONLY_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "top_k": 50,
                   "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
 _BEAM_ONLY = {"early_stopping": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "length_penalty": 1.0,
               "constraints": None}

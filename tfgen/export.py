@@ -305,9 +305,6 @@ class _WithoutStaticTokenCount:
     with plain TF ops. A `jit_compile=False` export wraps the model in this so that it stays XLA-free.
     """
 
-    # Contrastive search's slot-only cache update is an XLA op too; without the axis it gathers whole rows.
-    cache_slot_axis = None
-
     def __init__(self, model):
         self._model = model
 

@@ -184,16 +184,12 @@ class TFGenerationMixin:
         )
         rows, prompt_width = request.batch_size, int(inputs.input_ids.shape[1])
         try:
-            prompt_sent = False
+            with _announce_compile(request, is_new and jit_compile):
+                state = chunk(inputs, state)
+            # The prompt goes out after the first (compiling) chunk, so the notice on stderr does not split it.
+            streamer.put(inputs.input_ids.numpy()[:rows, request.start :])
             emitted = 0
             while True:
-                with _announce_compile(request, is_new and jit_compile):
-                    state = chunk(inputs, state)
-                is_new = False
-                if not prompt_sent:
-                    # After the first chunk, so the compile notice on stderr does not split the streamed text.
-                    streamer.put(inputs.input_ids.numpy()[:rows, request.start :])
-                    prompt_sent = True
                 steps = int(state.step)
                 new_columns = state.sequences[:rows, prompt_width + emitted : prompt_width + steps].numpy()
                 for column in new_columns.T:
@@ -201,6 +197,7 @@ class TFGenerationMixin:
                 emitted = steps
                 if steps >= request.max_new_tokens or bool(tf.reduce_all(state.finished)):
                     break
+                state = chunk(inputs, state)
         finally:
             # Always close the stream, so a consumer iterating in another thread is released on errors too.
             streamer.end()
@@ -448,15 +445,17 @@ def _resolve_config(model, generation_config, kwargs) -> tuple[GenerationConfig,
         base = GenerationConfig.from_model_config(model.config)
     config = base.copy()
     explicit_max_length = "max_length" in kwargs
-    # Validated once below, so options without effect are reported in one warning, at the caller's line.
-    unused = config.update(_warn_unused=False, **kwargs)
+    unused = sorted(set(kwargs) - set(vars(config)))
     if unused:
         raise ValueError(
-            f"unknown generation option(s): {', '.join(sorted(unused))}. They are neither GenerationConfig "
+            f"unknown generation option(s): {', '.join(unused)}. They are neither GenerationConfig "
             f"attributes nor generate() arguments ({', '.join(_MODEL_INPUT_KWARGS)}, seed, logits_processor, "
             "jit_compile)."
         )
-    config.validate(stacklevel=5)  # warnings point at the caller of generate()
+    # `config` is a copy, so it can be changed first and validated once (not `update`, which validates too):
+    # one warning for options without effect, pointing at the caller of generate().
+    vars(config).update(kwargs)
+    config.validate(stacklevel=5)
     return config, explicit_max_length
 
 

@@ -54,7 +54,7 @@ def merge(runs: list[dict]) -> dict:
                 else:  # a re-measurement: the later run's libraries replace the earlier ones'
                     known["results"].update(cell["results"])
                     known["bandwidth_gbs"] = known["bandwidth_gbs"] + cell["bandwidth_gbs"]
-                    known.setdefault("remeasured", []).extend(cell["results"])
+                    known["remeasured"] = list(dict.fromkeys([*known.get("remeasured", []), *cell["results"]]))
             if entry.get("first_call"):  # measured again: the later run's fresh processes win
                 target["first_call"] = entry["first_call"]
     for entry in merged["models"]:

@@ -461,10 +461,6 @@ def _fmt(value, digits=1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _remeasured(cell) -> tuple:
-    return tuple(dict.fromkeys(cell.get("remeasured", ())))
-
-
 def report_tables(results: dict) -> str:
     """The results as markdown tables: throughput with ratios and roofline, then first call and memory."""
     libraries = results["settings"]["libraries"]
@@ -484,14 +480,14 @@ def report_tables(results: dict) -> str:
         markers = {}
         for cell in entry["cells"]:
             if cell.get("remeasured"):
-                markers.setdefault(_remeasured(cell), "\\*" * (len(markers) + 1))
+                markers.setdefault(tuple(cell["remeasured"]), "\\*" * (len(markers) + 1))
         header = ["strategy", "batch", *libraries, *(f"tfgen ÷ {peer}" for peer in peers)]
         if roofline:
             header.append("tfgen % of roofline")
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for cell in entry["cells"]:
             speed = {lib: cell["results"].get(lib, {}).get("tokens_per_s") for lib in libraries}
-            strategy = cell["strategy"] + (f" {markers[_remeasured(cell)]}" if cell.get("remeasured") else "")
+            strategy = cell["strategy"] + (f" {markers[tuple(cell['remeasured'])]}" if cell.get("remeasured") else "")
             row = [strategy, str(cell["batch"]), *(_fmt(speed[lib]) for lib in libraries)]
             for peer in peers:
                 both = speed.get("tfgen") and speed.get(peer)

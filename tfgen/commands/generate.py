@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +26,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from tfgen.config import SAMPLING_ONLY_NEUTRAL
     from tfgen.defaults import default_model_path
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.streaming import TextStreamer
@@ -44,20 +44,20 @@ def run(args) -> int:
         "repetition_penalty": args.repetition_penalty,
     }
     options = {name: value for name, value in options.items() if value is not None}
+    if args.do_sample is False:
+        # --greedy overrides a sampling config: its warpers go back to their neutral values (options the user
+        # gave on the command line stay, and generate() warns about them as it should).
+        options = {**SAMPLING_ONLY_NEUTRAL, **options}
     encoded = tokenizer(args.prompt, return_tensors="np")
     streamer = TextStreamer(tokenizer) if args.stream else None
-    with warnings.catch_warnings():
-        if args.do_sample is False:
-            # --greedy overrides a sampling config; its then unused temperature/top-p are not the user's doing.
-            warnings.filterwarnings("ignore", message="Generation options that have no effect")
-        sequences = model.generate(
-            encoded["input_ids"],
-            attention_mask=encoded["attention_mask"],
-            seed=args.seed,
-            jit_compile=not args.no_jit,
-            streamer=streamer,
-            **options,
-        )
+    sequences = model.generate(
+        encoded["input_ids"],
+        attention_mask=encoded["attention_mask"],
+        seed=args.seed,
+        jit_compile=not args.no_jit,
+        streamer=streamer,
+        **options,
+    )
     if streamer is None:
         print(tokenizer.decode(sequences[0].numpy(), skip_special_tokens=True))
     return 0

@@ -13,9 +13,6 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-# Private module, as in tfgen.models.gpt2: the in-place slice write XLA needs, which also runs eagerly.
-from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
-
 from tfgen.decoding.beam import gather_rows, record_step, size_of, step_buffer
 from tfgen.decoding.common import DecodeInputs, decoding_model, is_eos, prefill, write_column
 from tfgen.processors import ProcessorContext, apply_processors
@@ -81,12 +78,13 @@ def decode_contrastive_search(
     probability_weight = tf.cast(1.0 - alpha, tf.float32)[:, None]
     alpha = tf.cast(alpha, tf.float32)[:, None]
     budget = tf.reduce_max(inputs.max_new_tokens)
-    slot_axis = getattr(model, "cache_slot_axis", None)
     # Only the chosen candidate's logits are used: models that can apply their LM head separately skip it for
     # the other top_k - 1 candidates.
     head_on_chosen_only = callable(getattr(model, "logits_from_hidden", None))
-    # The LM head then runs on one row per prompt: the view for that many rows.
-    model = decoding_model(model, inputs.input_ids.shape[0] if head_on_chosen_only else None)
+    # The LM head then runs on one row per prompt, else on every candidate.
+    static_batch = inputs.input_ids.shape[0]
+    head_rows = None if static_batch is None else static_batch * (1 if head_on_chosen_only else top_k)
+    model = decoding_model(model, head_rows)
 
     def choose(state: _State) -> _State:
         context = ProcessorContext(
@@ -125,7 +123,7 @@ def decode_contrastive_search(
             step=state.step + 1,
             sequences=write_column(state.sequences, tokens, index),
             buffer_mask=buffer_mask,
-            cache=_keep_chosen(out.cache, tf.repeat(chosen_rows, top_k), index, slot_axis),
+            cache=gather_rows(out.cache, tf.repeat(chosen_rows, top_k)),
             logits=_chosen_logits(model, out, chosen_rows, head_on_chosen_only),
             context=_write_hidden(state.context, tf.gather(candidates, chosen_rows), index),
             next_position=state.next_position + 1,
@@ -168,25 +166,6 @@ def _chosen_logits(model, out, chosen_rows: tf.Tensor, head_on_chosen_only: bool
     if head_on_chosen_only:
         return tf.cast(model.logits_from_hidden(tf.gather(out.hidden_states[:, -1, :], chosen_rows)), tf.float32)
     return tf.gather(tf.cast(out.logits[:, -1, :], tf.float32), chosen_rows)
-
-
-def _keep_chosen(cache, chosen_rows: tf.Tensor, index, slot_axis):
-    """The cache with every row replaced by row `chosen_rows[row]` (int32 `[R]`).
-
-    The `top_k` copies of a prompt's cache differ only in the slot the candidates just wrote (`index`), so when
-    the model declares its slot axis only that slot is copied — a `[R, ..., 1, ...]` gather instead of reading
-    and writing the whole cache every step (at batch 16 that would cost about as much as the weights).
-    """
-    if slot_axis is None:
-        return gather_rows(cache, chosen_rows)
-
-    def fix_slot(leaf):
-        slot = tf.gather(tf.gather(leaf, tf.reshape(index, [1]), axis=slot_axis), chosen_rows)
-        corner = tf.one_hot(slot_axis, leaf.shape.rank, on_value=tf.cast(index, tf.int32), dtype=tf.int32)
-        # In place under XLA (the cache is loop-carried); a portable (non-XLA) export hides `cache_slot_axis`.
-        return dynamic_update_slice(leaf, slot, corner)
-
-    return tf.nest.map_structure(fix_slot, cache)
 
 
 def _write_hidden(context: tf.Tensor, vectors: tf.Tensor, index) -> tf.Tensor:

@@ -279,8 +279,6 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
     """
 
     config_class = GPT2Config
-    # Every cache leaf is [batch, heads, max_length, head_dim] (see tfgen.models.protocol).
-    cache_slot_axis = 2
 
     def __init__(self, config: GPT2Config, dtype=None, **kwargs):
         if not isinstance(config, GPT2Config):

@@ -8,10 +8,6 @@ Cache layout: the cache is any nest (tuple/list/dict) of fixed-shape tensors who
 batch**. The mixin relies on that to expand the cache for beams and to reorder it with `tf.gather`
 along axis 0; it never looks inside otherwise.
 
-Optional: a model may set `cache_slot_axis` (an int) when every cache leaf keeps its slots on that axis (GPT-2:
-`[batch, heads, max_length, head_dim]`, axis 2). Contrastive search then copies only the chosen candidate's new
-slot into its siblings each step instead of gathering whole cache rows.
-
 Optional: `logits_from_hidden(hidden_states) -> logits` (the LM head alone) together with a
 `compute_logits=False` keyword of `call_with_cache` (then `logits` is None). Contrastive search runs `top_k`
 candidates per prompt but needs the logits of the chosen one only; with these it skips the LM head for the
