@@ -6,6 +6,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests never write the user's persistent compile cache (tests/test_compile_cache.py points it at temp folders).
+os.environ.setdefault("TFGEN_COMPILE_CACHE", "0")
 
 import numpy as np
 import pytest

@@ -1,13 +1,15 @@
-"""Batch generation: exact per-row results, 2 replicas == 1 device, crash-and-resume, bad input.
+"""Batch generation: exact per-row results, 2 replicas == 1 device, crash-and-resume, bad input, the command line.
 
-Every test uses prompts of at most 16 tokens and 8 new tokens, batch 4, so the in-process tests share two compiled
-programs (greedy, sampling) with each other; the subprocess tests compile their own.
+Every test of the tiny model uses prompts of at most 16 tokens and 8 new tokens, batch 4, so the in-process tests
+share two compiled programs (greedy, sampling) with each other; the subprocess tests and the shipped-model test
+compile their own.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -19,8 +21,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgen import Tokenizer
-from tfgen.batch import KILL_AFTER_BYTES_ENV, batch_generate, row_seeds, run_batch_job
+from tfgen import Tokenizer, defaults
+from tfgen.batch import batch_generate, row_seeds, run_batch_job
 from tfgen.cli import main
 
 from conftest import word_level_tokenizer
@@ -61,6 +63,12 @@ def generated_alone(model, prompt, seed=None, **options):
     if eos in row:
         return row[: row.index(eos) + 1], "eos"
     return row, "length"
+
+
+def job_log(caplog):
+    """(level, message) of the batch package's log records."""
+    records = [record for record in caplog.records if record.name.startswith("tfgen.batch")]
+    return [(record.levelname, record.getMessage()) for record in records]
 
 
 def write_jsonl(path, rows):
@@ -164,9 +172,15 @@ def resumable_job(tiny_model, tokenizer, tmp_path_factory):
     return prompts, reference, arguments
 
 
-def cli(model_dir, arguments, output, **popen_options):
-    command = [sys.executable, "-m", "tfgen.cli", "batch", "--model", model_dir, "--output", output, *arguments]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_options)
+# Runs `tfgen batch` in a process that SIGKILLs itself after appending a given number of output bytes.
+CRASHING_CLI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_batch_job.py")
+
+
+def cli(model_dir, arguments, output, crash_after_bytes=None):
+    """`tfgen batch` in a subprocess (stdout and stderr piped), crashing after `crash_after_bytes` if given."""
+    launcher = ["-m", "tfgen.cli"] if crash_after_bytes is None else [CRASHING_CLI, str(crash_after_bytes)]
+    command = [sys.executable, *launcher, "batch", "--model", model_dir, "--output", output, *arguments]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
@@ -179,7 +193,7 @@ def test_cli_killed_twice_then_resumed_equals_uninterrupted_run(model_dir, resum
 
     # 1. The process SIGKILLs itself in the middle of row 14's line (inside the second window's write).
     cut = sum(map(len, reference_lines[:13])) + 20
-    first = cli(model_dir, arguments, output, env={**os.environ, KILL_AFTER_BYTES_ENV: str(cut)})
+    first = cli(model_dir, arguments, output, crash_after_bytes=cut)
     assert first.wait(timeout=600) == -signal.SIGKILL, first.communicate()[1][-3000:]
     assert os.path.getsize(partial) == cut and not os.path.exists(output)
 
@@ -193,7 +207,9 @@ def test_cli_killed_twice_then_resumed_equals_uninterrupted_run(model_dir, resum
                 break
         time.sleep(0.01)
     second.send_signal(signal.SIGKILL)
-    assert second.wait(timeout=60) == -signal.SIGKILL, second.communicate()[1][-3000:]
+    _, stderr = second.communicate(timeout=60)
+    assert second.returncode == -signal.SIGKILL, stderr[-3000:]
+    assert "tfgen: resuming: 13 of 32 rows already written (dropped 20 bytes of an interrupted write)" in stderr
     with open(partial, "rb") as file:
         assert file.readlines() == reference_lines[:16]  # the torn line was cut, nothing doubled
 
@@ -205,10 +221,11 @@ def test_cli_killed_twice_then_resumed_equals_uninterrupted_run(model_dir, resum
         assert file.readlines() == reference_lines
     assert not os.path.exists(partial)
     assert json.load(open(output + ".job.json"))["state"] == "complete"
-    assert "16 already done" in stderr and "32/32 rows (100.0%)" in stderr and "tok/s" in stderr
+    assert "tfgen: resuming: 16 of 32 rows already written\n" in stderr and "16 already done" in stderr
+    assert "| 32/32 [" in stderr and "tok/s]" in stderr  # the progress bar's last state
 
 
-def test_resume_drops_garbage_left_by_a_power_loss(tiny_model, tokenizer, resumable_job, tmp_path):
+def test_resume_drops_garbage_left_by_a_power_loss(tiny_model, tokenizer, resumable_job, tmp_path, caplog):
     prompts, reference, _ = resumable_job
     with open(reference, "rb") as file:
         reference_lines = file.readlines()
@@ -219,11 +236,14 @@ def test_resume_drops_garbage_left_by_a_power_loss(tiny_model, tokenizer, resuma
     # Ten synced rows, then blocks the file system extended but never wrote (zeros), holding a newline.
     with open(output + ".partial", "wb") as file:
         file.write(b"".join(reference_lines[:10]) + b"\0" * 40 + b"\n" + b"\0" * 9)
-    log = io.StringIO()
+    caplog.set_level(logging.INFO, logger="tfgen.batch")
+    bar = io.StringIO()
     result = run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, batch_size=BATCH, window=8, seed=SEED,
-                           progress_stream=log, **SAMPLE)
+                           progress_stream=bar, **SAMPLE)
     assert result.resumed_from == 10
-    assert "resuming: 10 of 32 rows already written (dropped 50 bytes of an interrupted write)" in log.getvalue()
+    resumed = "resuming: 10 of 32 rows already written (dropped 50 bytes of an interrupted write)"
+    assert job_log(caplog) == [("INFO", resumed)]
+    assert "| 10/32 [" in bar.getvalue() and "| 32/32 [" in bar.getvalue() and "tok/s]" in bar.getvalue()
     with open(output, "rb") as file:
         assert file.readlines() == reference_lines
 
@@ -278,12 +298,11 @@ def test_bad_rows_stop_before_generating(tiny_model, tokenizer, model_dir, tmp_p
         batch_generate(tiny_model, [[5, 6], {"id": 9, "input_ids": "5 6"}], **GREEDY)
 
 
-def test_bad_rows_skipped_are_listed(tiny_model, tokenizer, tmp_path):
+def test_bad_rows_skipped_are_listed(tiny_model, tokenizer, tmp_path, caplog):
     prompts = write_jsonl(tmp_path / "bad.jsonl", BAD_LINES)
     output = str(tmp_path / "out.jsonl")
-    log = io.StringIO()
     result = run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, batch_size=BATCH, on_error="skip",
-                           progress_stream=log, **GREEDY)
+                           progress=False, **GREEDY)
     assert (result.rows, result.skipped) == (2, 5)
     rows = [json.loads(line) for line in open(output)]
     good_rows = [BAD_LINES[0], BAD_LINES[-1]]
@@ -293,12 +312,14 @@ def test_bad_rows_skipped_are_listed(tiny_model, tokenizer, tmp_path):
     skipped = [json.loads(line) for line in open(output + ".skipped.jsonl")]
     assert [row["line"] for row in skipped] == list(BAD_REASONS)
     assert [row["id"] for row in skipped] == [None, None, "a", "c", "d"]
+    [(level, message)] = job_log(caplog)
+    assert level == "WARNING" and message.startswith(f"skipping 5 bad row(s), listed in {output}.skipped.jsonl:")
     for row in skipped:
         assert row["error"].startswith(BAD_REASONS[row["line"]])
-        assert f"line {row['line']}: {BAD_REASONS[row['line']]}" in log.getvalue()
+        assert f"line {row['line']}: {BAD_REASONS[row['line']]}" in message
 
 
-def test_tfrecord_input(tiny_model, tmp_path):
+def test_tfrecord_input(tiny_model, tmp_path, caplog):
     path = str(tmp_path / "prompts.tfrecord")
 
     def feature(values, kind):
@@ -314,10 +335,10 @@ def test_tfrecord_input(tiny_model, tmp_path):
         no_ids = {"id": feature([b"t3"], "bytes")}
         writer.write(tf.train.Example(features=tf.train.Features(feature=no_ids)).SerializeToString())
     output = str(tmp_path / "out.jsonl")
-    log = io.StringIO()
-    result = run_batch_job(tiny_model, path, output, batch_size=BATCH, on_error="skip", progress_stream=log, **GREEDY)
+    result = run_batch_job(tiny_model, path, output, batch_size=BATCH, on_error="skip", progress=False, **GREEDY)
     assert (result.rows, result.skipped) == (3, 1)
-    assert "record 4: needs exactly one of 'prompt' (text) and 'input_ids' (token ids)" in log.getvalue()
+    [(_, message)] = job_log(caplog)
+    assert "record 4: needs exactly one of 'prompt' (text) and 'input_ids' (token ids)" in message
     rows = [json.loads(line) for line in open(output)]
     expected = batch_generate(
         tiny_model, [{"id": row_id, "input_ids": p} for row_id, p in zip(["t0", 41, "t2"], PROMPT_IDS)],
@@ -340,3 +361,22 @@ def test_options_a_batch_cannot_honour_per_row(tiny_model):
     elsewhere = tf.distribute.OneDeviceStrategy("/cpu:0")  # the model was not loaded under its scope
     with pytest.raises(ValueError, match=r"strategy\.scope\(\)"):
         batch_generate(tiny_model, PROMPT_IDS, strategy=elsewhere)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_defaults_to_the_shipped_model(tmp_path, capsys):
+    rows = [{"id": "add", "prompt": "def add(a, b):"}, {"id": 2, "prompt": "import os"}]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    output = str(tmp_path / "out.jsonl")
+    arguments = ["--input", prompts, "--output", output, "--max-new-tokens", "4", "--strategy", "default"]
+    assert main(["batch", *arguments, "--no-progress"]) == 0
+    results = [json.loads(line) for line in open(output)]
+    assert [result["id"] for result in results] == ["add", 2]
+    tokenizer = Tokenizer.from_pretrained(defaults.DEFAULT_MODEL)  # the tokenizer follows the model
+    for result in results:
+        assert 1 <= len(result["token_ids"]) <= 4
+        assert result["text"] == tokenizer.decode(result["token_ids"], skip_special_tokens=True)
+    assert "tfgen batch: 2 rows in " in capsys.readouterr().err

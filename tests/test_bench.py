@@ -1,4 +1,4 @@
-"""`tfgen bench` and tools/bench.py on the tiny checkpoint: the harness measures, compares and renders.
+"""The benchmark harness (`benchmarks/`) and `tfgen bench` on the tiny checkpoint: it measures, compares and renders.
 
 Speed itself is never asserted here (timed tests are flaky); what is asserted is that every library ran on the
 same weights, produced the same greedy tokens, and that the report and plots carry the figures.
@@ -6,27 +6,24 @@ same weights, produced the same greedy tokens, and that the report and plots car
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
+import io
 import json
+import subprocess
+import sys
 import types
-from pathlib import Path
 
 import pytest
 
+from benchmarks import checkpoints, first_call, report, run
 from tfgen.cli import main
-from tfgen.commands import bench
-
-ROOT = Path(__file__).resolve().parents[1]
+from tfgen.commands import bench as bench_command
 
 
 @pytest.fixture(scope="module")
 def quick_run(tiny_checkpoint, tmp_path_factory):
-    """A `--quick` run of tfgen and HF PyTorch on the tiny checkpoint: (exit code, stdout, results dict)."""
-    directory = tmp_path_factory.mktemp("bench")
-    results_path = directory / "results.json"
-    import contextlib
-    import io
-
+    """A `tfgen bench --quick` run of tfgen and HF PyTorch on the tiny checkpoint: (exit code, stdout, results)."""
+    results_path = tmp_path_factory.mktemp("bench") / "results.json"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = main([
@@ -53,18 +50,11 @@ def test_quick_run_measures_both_libraries_on_the_same_weights(quick_run):
 
 
 def test_checkpoint_info_counts_the_bytes_a_decode_step_reads(tiny_checkpoint):
-    info = bench.checkpoint_info(tiny_checkpoint[0])
+    info = checkpoints.checkpoint_info(tiny_checkpoint[0])
     embd, vocab, positions = 32, 97, 64
     assert info["vocab_size"] == vocab and info["n_layer"] == 2
     # The tied head reads the token embedding once per step; position embeddings are read one row at a time.
     assert info["weight_bytes_per_step"] == 4 * (info["parameters"] - positions * embd)
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("bench_tool", ROOT / "tools" / "bench.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
 
 
 def test_runs_merge_into_one_report(quick_run):
@@ -76,21 +66,20 @@ def test_runs_merge_into_one_report(quick_run):
         entry["first_call"], entry["bandwidth_gbs"], entry["roofline_tokens_per_s"] = {}, None, None
         for cell in entry["cells"]:
             cell["batch"] = 4
-    merged = load_tool().merge([second, first])
+    merged = report.merge([second, first])
     assert merged["settings"]["batches"] == [4, 1]
     (entry,) = merged["models"]
     assert [cell["batch"] for cell in entry["cells"]] == [4, 1]
     assert entry["roofline_tokens_per_s"] == first["models"][0]["roofline_tokens_per_s"]
-    assert "| greedy | 4 |" in bench.report_tables(merged)
+    assert "| greedy | 4 |" in report.report_tables(merged)
 
 
 def test_docs_render_from_saved_results(quick_run, tmp_path):
-    tool = load_tool()
     results_path = tmp_path / "results.json"
     results_path.write_text(json.dumps(quick_run[2]))
     page = tmp_path / "performance.md"
-    page.write_text(f"# Performance\n\nprose before\n\n{tool.BEGIN}\nold tables\n{tool.END}\n\nprose after\n")
-    assert tool.main(["--from-json", str(results_path), "--docs", str(tmp_path)]) == 0
+    page.write_text(f"# Performance\n\nprose before\n\n{report.BEGIN}\nold tables\n{report.END}\n\nprose after\n")
+    assert run.main(["--from-json", str(results_path), "--docs", str(tmp_path)]) == 0
     text = page.read_text()
     assert "prose before" in text and "prose after" in text and "old tables" not in text
     assert "| greedy | 1 |" in text
@@ -98,11 +87,13 @@ def test_docs_render_from_saved_results(quick_run, tmp_path):
     assert images and images[0].stat().st_size > 1000 and images[0].name in text
 
 
-def test_first_call_is_measured_in_a_fresh_process(tiny_checkpoint):
+def test_first_call_is_measured_in_a_fresh_process(tiny_checkpoint, tmp_path, monkeypatch):
+    # From outside the checkout: the worker must find the `benchmarks` package all the same.
+    monkeypatch.chdir(tmp_path)
     options = types.SimpleNamespace(strategies=["greedy"], prompt_len=4, new_tokens=4, worker_timeout=600)
-    report = bench.first_call_in_subprocess("tfgen", tiny_checkpoint[0], options)
-    assert "error" not in report, report
-    assert report["first_call_s"]["greedy"] > 0 and report["load_s"] > 0 and report["peak_rss_mb"] > 100
+    measured = first_call.first_call_in_subprocess("tfgen", tiny_checkpoint[0], options)
+    assert "error" not in measured, measured
+    assert measured["first_call_s"]["greedy"] > 0 and measured["load_s"] > 0 and measured["peak_rss_mb"] > 100
 
 
 @pytest.mark.parametrize(
@@ -122,3 +113,29 @@ def test_unknown_library_is_rejected_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--libraries", "tfgen,vllm"])
     assert "vllm" in capsys.readouterr().err
+
+
+def test_tfgen_bench_help_is_the_harness_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: tfgen bench") and "--from-json" in printed and "--docs" in printed
+
+
+def test_bench_parser_imports_neither_the_harness_nor_tensorflow():
+    """Building `tfgen bench`'s parser stays cheap: `tfgen --help` must not pay for the harness's imports."""
+    probe = (
+        "import argparse, sys\n"
+        "from tfgen.commands import bench\n"
+        "bench.add_parser(argparse.ArgumentParser().add_subparsers())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('benchmarks', 'numpy', 'tensorflow')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_bench_without_the_source_tree_says_where_the_harness_is(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench_command, "BENCHMARKS_DIR", tmp_path / "benchmarks")
+    assert main(["bench", "--quick"]) == 2
+    assert "python -m benchmarks" in capsys.readouterr().err

@@ -84,6 +84,33 @@ def test_new_knob_values_and_prompts_do_not_recompile(tiny_model, batch):
     assert tiny_model.generate_trace_count == traces + 1
 
 
+def test_switching_sampling_knobs_on_and_off_does_not_recompile(tiny_model, batch):
+    """A server passes each request's knobs: turning temperature, top-k, top-p, min-p, typical-p or the
+    repetition penalty on or off between sampling calls reuses one program, and the neutral values change
+    nothing (the same tokens as a call that never mentions them)."""
+    ids, mask = batch
+    options = dict(max_new_tokens=10, do_sample=True, eos_token_id=None, seed=[4, 2])
+    plain = tiny_model.generate(ids, attention_mask=mask, top_k=0, **options).numpy()
+    traces = tiny_model.generate_trace_count
+    toggles = [
+        dict(temperature=0.6), dict(top_k=12), dict(top_p=0.8), dict(min_p=0.05), dict(typical_p=0.9),
+        dict(repetition_penalty=1.2), dict(temperature=1.4, top_k=30, top_p=0.9, min_p=0.1, typical_p=0.95,
+                                           repetition_penalty=0.8),
+        dict(top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repetition_penalty=1.0, temperature=1.0),
+    ]
+    outputs = [tiny_model.generate(ids, attention_mask=mask, **{"top_k": 0, **options, **toggle}).numpy()
+               for toggle in toggles]
+    assert tiny_model.generate_trace_count == traces
+    np.testing.assert_array_equal(outputs[-1], plain)
+    assert all((output != plain).any() for output in outputs[:-2])
+    # Greedy search carries the repetition penalty too.
+    greedy = dict(max_new_tokens=10, eos_token_id=None)
+    tiny_model.generate(ids, attention_mask=mask, **greedy)
+    traces = tiny_model.generate_trace_count
+    tiny_model.generate(ids, attention_mask=mask, repetition_penalty=1.3, **greedy)
+    assert tiny_model.generate_trace_count == traces
+
+
 def test_sampling_follows_the_distribution():
     """Inverse-CDF draws over many row keys reproduce softmax(scores), including -inf (filtered) entries."""
     probs = np.array([0.5, 0.0, 0.3, 0.15, 0.05], np.float32)

@@ -14,13 +14,8 @@ from transformers.generation.logits_process import LogitsProcessor as HFLogitsPr
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
-from tfgen.processors import (
-    LogitsProcessor,
-    ProcessorContext,
-    apply_processors,
-    processor_knobs_from_config,
-    processor_spec_from_config,
-)
+from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
+from tfgen.processors import LogitsProcessor, ProcessorContext, apply_processors
 
 VOCAB = 48
 BATCH = 3
@@ -334,10 +329,6 @@ def test_xla_matches_eager():
 @pytest.mark.parametrize(
     "options, option_name",
     [
-        (dict(guidance_scale=1.5), "guidance_scale"),
-        (dict(watermarking_config={"bias": 2.0}), "watermarking_config"),
-        (dict(encoder_repetition_penalty=1.2), "encoder_repetition_penalty"),
-        (dict(encoder_no_repeat_ngram_size=2), "encoder_no_repeat_ngram_size"),
         (dict(do_sample=True, top_k=-2), "top_k"),
         (dict(do_sample=True, temperature=0.0), "temperature"),
         (dict(bad_words_ids=[[3, VOCAB]]), "bad_words_ids"),
@@ -346,15 +337,18 @@ def test_xla_matches_eager():
         (dict(eos_token_id=-1), "eos_token_id"),
     ],
 )
-def test_invalid_or_unsupported_options_raise(options, option_name):
+def test_invalid_options_raise(options, option_name):
     with pytest.raises(ValueError, match=option_name):
         processor_spec_from_config(types.SimpleNamespace(**options), VOCAB)
 
 
 def test_missing_knob_is_named():
-    spec = processor_spec_from_config(types.SimpleNamespace(do_sample=True, top_p=0.5), VOCAB)
+    config = types.SimpleNamespace(do_sample=True, top_p=0.5)
+    spec = processor_spec_from_config(config, VOCAB)
+    knobs = processor_knobs_from_config(config, SCORES.shape[0], VOCAB)
+    del knobs["top_p"]
     with pytest.raises(ValueError, match="top_p"):
-        apply_processors(spec, SCORES, context(6), {})
+        apply_processors(spec, SCORES, context(6), knobs)
 
 
 class ForceTokenAfter(LogitsProcessor):

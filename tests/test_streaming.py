@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
+import logging
 import threading
 
 import numpy as np
 import pytest
 
-import tfgen.generation
 from tfgen.streaming import BaseStreamer, TextIteratorStreamer, TextStreamer, TokenCallbackStreamer
 
 from conftest import left_padded_batch, word_level_tokenizer
@@ -36,8 +36,12 @@ class RecordingStreamer(BaseStreamer):
 
 @pytest.mark.parametrize(
     "options",
-    [dict(do_sample=False), dict(do_sample=True, seed=[3, 1], top_k=0, temperature=1.3)],
-    ids=["greedy", "seeded_sampling"],
+    [
+        dict(do_sample=False),
+        dict(do_sample=True, seed=[3, 1], top_k=0, temperature=1.3),
+        dict(do_sample=False, penalty_alpha=0.6, top_k=4),
+    ],
+    ids=["greedy", "seeded_sampling", "contrastive"],
 )
 def test_streamed_tokens_equal_a_single_call(tiny_model, options):
     ids, mask = left_padded_batch(PROMPTS)
@@ -101,15 +105,16 @@ def test_text_iterator_streamer_in_a_thread(tiny_model, word_tokenizer):
     assert "".join(pieces) == word_tokenizer.decode(expected[0, 3:], skip_special_tokens=True)
 
 
-def test_first_call_announces_compilation_later_calls_are_quiet(tiny_model, capsys, monkeypatch):
-    monkeypatch.setattr(tfgen.generation, "COMPILE_MESSAGES", True)
+def test_first_call_announces_compilation_later_calls_are_quiet(tiny_model, caplog):
     ids = np.array([[5, 6, 7, 8, 9]])
-    # An n-gram size no other test uses makes this a new program.
-    tiny_model.generate(ids, max_new_tokens=4, no_repeat_ngram_size=7)
-    first = capsys.readouterr().err
-    assert "compiling generate for batch 1, prompt length 16" in first and "done in" in first
-    tiny_model.generate(ids, max_new_tokens=4, no_repeat_ngram_size=7)
-    assert "compiling" not in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="tfgen"):
+        # An n-gram size no other test uses makes this a new program.
+        tiny_model.generate(ids, max_new_tokens=4, no_repeat_ngram_size=7)
+        first = caplog.text
+        assert "compiling generate for batch 1, prompt length 16" in first and "compiled generate in" in first
+        caplog.clear()
+        tiny_model.generate(ids, max_new_tokens=4, no_repeat_ngram_size=7)
+        assert "compiling" not in caplog.text
 
 
 def test_streamer_rejections(tiny_model, word_tokenizer):
@@ -118,3 +123,7 @@ def test_streamer_rejections(tiny_model, word_tokenizer):
         tiny_model.generate(ids, max_new_tokens=2, streamer=42)
     with pytest.raises(ValueError, match="batch size 1"):
         tiny_model.generate(ids, max_new_tokens=2, streamer=TextStreamer(word_tokenizer, stream=io.StringIO()))
+    traces = tiny_model.generate_trace_count
+    with pytest.raises(ValueError, match="streamer: beam_search .* cannot stream"):
+        tiny_model.generate(ids, max_new_tokens=2, num_beams=2, streamer=lambda tokens: None)
+    assert tiny_model.generate_trace_count == traces

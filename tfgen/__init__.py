@@ -6,20 +6,31 @@ TensorFlow itself is imported.
 
 from __future__ import annotations
 
-import importlib
+from tfgen import compile_cache
+from tfgen.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
+# TensorFlow reads TF_XLA_FLAGS once, when its runtime starts, so the cache is set up before anything of tfgen's
+# can start it.
+compile_cache.configure()
+
 _EXPORTS = {
     "AutoModelForCausalLM": "tfgen.models.auto",
-    "BucketPolicy": "tfgen.generation",
+    "BucketPolicy": "tfgen.request",
     "DEFAULT_MODEL": "tfgen.defaults",
-    "EXACT_SHAPES": "tfgen.generation",
+    "EXACT_SHAPES": "tfgen.request",
+    "EosTokenCriteria": "tfgen.stopping",
     "GenerateBeamDecoderOnlyOutput": "tfgen.outputs",
     "GenerateDecoderOnlyOutput": "tfgen.outputs",
     "GenerationConfig": "tfgen.config",
     "GenerationMode": "tfgen.config",
     "LogitsProcessor": "tfgen.processors",
+    "MaxLengthCriteria": "tfgen.stopping",
+    "MaxTimeCriteria": "tfgen.stopping",
+    "StopStringCriteria": "tfgen.stopping",
+    "StoppingCriteria": "tfgen.stopping",
+    "StoppingCriteriaList": "tfgen.stopping",
     "TFGenerationMixin": "tfgen.generation",
     "TextIteratorStreamer": "tfgen.streaming",
     "TextStreamer": "tfgen.streaming",
@@ -30,16 +41,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tfgen' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

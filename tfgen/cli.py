@@ -1,11 +1,22 @@
-"""The `tfgen` command line. Each subcommand lives in `tfgen/commands/<name>.py`."""
+"""The `tfgen` command line. Each subcommand lives in `tfgen/commands/<name>.py`.
+
+Parsing imports no TensorFlow (the command modules import it in their handlers), so `tfgen --help` and
+`tfgen CMD --help` answer at once. A command's run is quiet: TensorFlow's C++ log lines are held to
+`TF_CPP_MIN_LOG_LEVEL` (3, errors that end the process, unless set) including the ones it prints before reading
+it, TensorFlow's Python warnings (retracing) are hidden at level 2 and above, and tfgen's own messages (the
+compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
+import re
 import sys
+import tempfile
 
 # Modules whose `add_parser(subparsers)` registers one subcommand each.
 SUBCOMMAND_MODULES = [
@@ -16,9 +27,20 @@ SUBCOMMAND_MODULES = [
     "tfgen.commands.bench",
 ]
 
+# The first line of a TensorFlow C++ log message: severity, date, time, thread, file:line. Before absl's logging
+# is set up the time reads "00:00:<seconds since 1970>": "I0000 00:00:1795452449.924579    3605 cudart_stub.cc:31] ".
+_TF_LOG_LINE = re.compile(r"(?P<severity>[IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
+# absl prints it, at warning level, before the first message logged ahead of its initialisation.
+_ABSL_EARLY_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_SEVERITY_LEVELS = {"I": 0, "W": 1, "E": 2, "F": 3}
+
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `tfgen` parser with every subcommand of `SUBCOMMAND_MODULES`."""
     parser = argparse.ArgumentParser(prog="tfgen", description="XLA-compiled generation for TF/Keras language models")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="show tfgen's warnings and errors only (no compile notice)"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMAND_MODULES:
         importlib.import_module(module_name).add_parser(subparsers)
@@ -26,16 +48,100 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    # TF's C++ start-up chatter (CUDA probes, oneDNN notices) drowns the output of a command-line tool; errors
-    # that matter reach the user as Python exceptions anyway. Set before any subcommand imports TensorFlow.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """Runs one `tfgen` command; returns its exit status (2, with one line on stderr, for bad input)."""
     args = build_parser().parse_args(argv)
+    # A command may say that this run needs no TensorFlow (`tfgen bench --help` is the harness's own help).
+    needs_tensorflow = getattr(args, "needs_tensorflow", lambda args: True)(args)
+    quiet_tensorflow = _quiet_tensorflow() if needs_tensorflow else contextlib.nullcontext()
+    with _library_messages_on_stderr(logging.WARNING if args.quiet else logging.INFO), quiet_tensorflow:
+        try:
+            return args.handler(args)
+        except (ValueError, TypeError, OSError) as error:
+            # Input problems are the user's to fix: one clear line, not a stack trace.
+            print(f"tfgen: error: {error}", file=sys.stderr)
+            return 2
+
+
+@contextlib.contextmanager
+def _library_messages_on_stderr(level: int):
+    """Shows the records of the "tfgen" loggers at `level` and above on stderr as `tfgen: <message>`."""
+    library_logger = logging.getLogger("tfgen")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("tfgen: %(message)s"))
+    previous_level = library_logger.level
+    library_logger.addHandler(handler)
+    library_logger.setLevel(level)
     try:
-        return args.handler(args)
-    except (ValueError, TypeError, OSError) as error:
-        # Input problems are the user's to fix: one clear line, not a stack trace.
-        print(f"tfgen: error: {error}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        # main() also runs inside other programs (tests): leave the logger as it was.
+        library_logger.removeHandler(handler)
+        library_logger.setLevel(previous_level)
+
+
+@contextlib.contextmanager
+def _quiet_tensorflow():
+    """Imports TensorFlow with its C++ log lines held to `TF_CPP_MIN_LOG_LEVEL` (set to 3 unless the user set it),
+    and hides TensorFlow's Python warnings (such as retracing) at level 2 and above, until the block ends."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        min_level = int(os.environ["TF_CPP_MIN_LOG_LEVEL"])
+    except ValueError:
+        min_level = 0  # TensorFlow's reading of a value that is not a number
+    _import_tensorflow(min_level)
+    tf_logger = logging.getLogger("tensorflow")
+    previous_level = tf_logger.level
+    if min_level >= 2:
+        tf_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        tf_logger.setLevel(previous_level)
+
+
+def _import_tensorflow(min_level: int) -> None:
+    """Imports TensorFlow, dropping the C++ log lines below `min_level` that it prints while loading.
+
+    Two of its shared libraries log "Could not find cuda drivers" as they load, before absl's logging is set up
+    and TF_CPP_MIN_LOG_LEVEL read, so no setting silences them. File descriptor 2 points at a temporary file
+    during the import; what was written there is then replayed on stderr without those lines (all of it when the
+    import fails, which then raises as usual).
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    real_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            min_level = 0  # everything: it may explain the failure
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(real_stderr, 2)
+            os.close(real_stderr)
+            captured.seek(0)
+            sys.stderr.write(_without_tf_lines_below(captured.read().decode(errors="replace"), min_level))
+            sys.stderr.flush()
+
+
+def _without_tf_lines_below(text: str, min_level: int) -> str:
+    """`text` without the lines of TensorFlow C++ log messages below `min_level`, and without absl's notice of
+    early logging when warnings are below it too."""
+    kept = []
+    for line in text.splitlines(keepends=True):
+        message = _TF_LOG_LINE.match(line)
+        if message:
+            level = _SEVERITY_LEVELS[message["severity"]]
+        elif line.rstrip("\n") == _ABSL_EARLY_NOTICE:
+            level = _SEVERITY_LEVELS["W"]
+        else:
+            level = min_level  # not TensorFlow's log: always kept
+        if level >= min_level:
+            kept.append(line)
+    return "".join(kept)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,17 @@ import copy
 import difflib
 import enum
 import json
-import math
 import numbers
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import huggingface_hub
+
+from tfgen.config_rules import OUTPUT_FLAGS, SAMPLING_ONLY_NEUTRAL, check_options, no_effect_issues
+
+__all__ = ["GENERATION_CONFIG_NAME", "SAMPLING_ONLY_NEUTRAL", "GenerationConfig", "GenerationMode"]
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 
@@ -215,7 +218,7 @@ class GenerationConfig:
 
         options = {key: lookup(key) for key in _DEFAULTS if key not in _KEPT_METADATA}
         options = {key: value for key, value in options.items() if value is not None}
-        if any(options.get(flag) is True for flag in _OUTPUT_FLAGS):
+        if any(options.get(flag) is True for flag in OUTPUT_FLAGS):
             options["return_dict_in_generate"] = True
         return cls(**options, _from_model_config=True)
 
@@ -317,168 +320,22 @@ class GenerationConfig:
     # Validation
 
     def validate(self, *, stacklevel: int = 3) -> None:
-        """Checks types, ranges and combinations of the options.
+        """Checks types, ranges and combinations of the options (the rules are in `tfgen.config_rules`).
 
         Raises TypeError (wrong type) or ValueError (bad value or contradiction), naming the attribute.
         Options that merely have no effect in the selected mode (e.g. `temperature` without `do_sample`)
         produce one `UserWarning` listing them, with the same attributes HF 4.55 reports (`stacklevel` is
         passed to `warnings.warn`; the default points at the caller of `__init__` / `update`).
         """
-        for name, (kind, optional, in_range, expected) in _NUMERIC_RULES.items():
-            value = getattr(self, name)
-            if value is None and optional:
-                continue
-            if not _is_kind(value, kind):
-                raise TypeError(f"`{name}` must be {expected}, got {value!r} ({type(value).__name__}).")
-            if not in_range(value):
-                raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
-        for name in _BOOL_FLAGS:
-            value = getattr(self, name)
-            if not (isinstance(value, bool) or (value is None and name in _OPTIONAL_BOOL_FLAGS)):
-                raise TypeError(f"`{name}` must be a bool, got {value!r} ({type(value).__name__}).")
-        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
-            raise ValueError(f"`early_stopping` must be True, False or 'never', got {self.early_stopping!r}.")
-        self._validate_token_ids()
-        self._validate_combinations()
-        issues = self._no_effect_issues()
+        check_options(self)
+        issues = no_effect_issues(self)
         if issues:
             listed = "\n".join(f"- `{name}`: {issue}" for name, issue in issues.items())
             warnings.warn(f"Generation options that have no effect with these settings and are ignored:\n{listed}",
                           UserWarning, stacklevel=stacklevel)
 
-    def _validate_token_ids(self) -> None:
-        for accepted, names in (("id", ("pad_token_id", "bos_token_id", "forced_bos_token_id")),
-                                ("id or list", ("eos_token_id", "forced_eos_token_id", "decoder_start_token_id")),
-                                ("list", ("suppress_tokens", "begin_suppress_tokens"))):
-            for name in names:
-                if getattr(self, name) is not None:
-                    _token_id_list(name, getattr(self, name), accepted)
-        if self.bad_words_ids is not None:
-            if not isinstance(self.bad_words_ids, (list, tuple)):
-                raise TypeError(f"`bad_words_ids` must be a list of lists of token ids, got {self.bad_words_ids!r}.")
-            if not self.bad_words_ids:
-                raise ValueError("`bad_words_ids` must not be empty (use None for no banned words).")
-            for index, sequence in enumerate(self.bad_words_ids):
-                if not _token_id_list(f"bad_words_ids[{index}]", sequence, "list"):
-                    raise ValueError(f"`bad_words_ids[{index}]` is empty.")
-
-    def _validate_combinations(self) -> None:
-        if self.do_sample and self.temperature == 0:
-            raise ValueError("`temperature` must be > 0 when `do_sample` is True (use do_sample=False for greedy).")
-        if self.num_beams > 1 and self.num_beam_groups > 1:
-            if self.do_sample:
-                raise ValueError("`num_beam_groups` > 1 (group beam search) requires `do_sample` False.")
-            if self.num_beams % self.num_beam_groups:
-                raise ValueError(f"`num_beams` ({self.num_beams}) must be divisible by `num_beam_groups` "
-                                 f"({self.num_beam_groups}).")
-            if not self.diversity_penalty:
-                raise ValueError("`diversity_penalty` must be > 0 with `num_beam_groups` > 1, otherwise all "
-                                 "groups are identical.")
-        if self.num_beams == 1 and not self.do_sample and self.num_return_sequences != 1:
-            raise ValueError(f"`num_return_sequences` must be 1 without sampling or beam search "
-                             f"(got {self.num_return_sequences}).")
-        if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
-            raise ValueError(f"`num_return_sequences` ({self.num_return_sequences}) must be <= `num_beams` "
-                             f"({self.num_beams}).")
-
-    def _no_effect_issues(self) -> dict[str, str]:
-        issues = {}
-
-        def flag_non_neutral(neutral_values: dict[str, Any], reason: str) -> None:
-            for name, neutral in neutral_values.items():
-                value = getattr(self, name)
-                if value is not None and value != neutral:
-                    issues[name] = f"set to {value!r}, but {reason}."
-
-        if not self.do_sample:
-            sampling_only = dict(SAMPLING_ONLY_NEUTRAL)
-            if self.penalty_alpha is not None:  # contrastive search uses top_k
-                del sampling_only["top_k"]
-            flag_non_neutral(sampling_only, "`do_sample` is False and it is only used when sampling")
-        if self.num_beams == 1:
-            flag_non_neutral(_BEAM_ONLY, "`num_beams` is 1 and it is only used by beam search")
-        elif self.num_beam_groups == 1:
-            flag_non_neutral({"diversity_penalty": 0.0}, "`num_beam_groups` is 1 and it is only used by group "
-                             "beam search")
-        if self.use_cache is False:
-            flag_non_neutral(dict.fromkeys(("cache_implementation", "cache_config", "return_legacy_cache")),
-                             "`use_cache` is False")
-        if self.return_dict_in_generate is not True:
-            issues.update({flag: "is True, but `return_dict_in_generate` is not, so it is ignored."
-                           for flag in _OUTPUT_FLAGS if getattr(self, flag) is True})
-        return issues
-
 
 _DEFAULTS: dict[str, Any] = {name: getattr(GenerationConfig, name) for name in GenerationConfig.__annotations__}
-
-_OUTPUT_FLAGS = ("output_attentions", "output_hidden_states", "output_scores", "output_logits")
-_BOOL_FLAGS = ("do_sample", "use_cache", "renormalize_logits", "remove_invalid_values", "return_dict_in_generate",
-               *_OUTPUT_FLAGS)
-_OPTIONAL_BOOL_FLAGS = ("output_logits",)
-
-# Values at which a sampling-only / beam-only option does nothing (HF 4.55 warns when they differ). Public:
-# `tfgen generate --greedy` resets a sampling config's warpers to these.
-SAMPLING_ONLY_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "top_k": 50,
-                  "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
-_BEAM_ONLY = {"early_stopping": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "length_penalty": 1.0,
-              "constraints": None}
-
-
-def _at_least(bound: float) -> Callable[[Any], bool]:
-    return lambda value: value >= bound
-
-
-# name -> (kind, may be None, range check, what is expected, for messages).
-_NUMERIC_RULES: dict[str, tuple[type, bool, Callable[[Any], bool], str]] = {
-    "max_length": (int, False, _at_least(1), "an integer >= 1"),
-    "max_new_tokens": (int, True, _at_least(1), "an integer >= 1"),
-    "min_length": (int, False, _at_least(0), "an integer >= 0"),
-    "min_new_tokens": (int, True, _at_least(0), "an integer >= 0"),
-    "num_beams": (int, False, _at_least(1), "an integer >= 1"),
-    "num_beam_groups": (int, False, _at_least(1), "an integer >= 1"),
-    "num_return_sequences": (int, False, _at_least(1), "an integer >= 1"),
-    "top_k": (int, True, _at_least(0), "an integer >= 0 (0 disables top-k)"),
-    "no_repeat_ngram_size": (int, True, _at_least(0), "an integer >= 0"),
-    "encoder_no_repeat_ngram_size": (int, True, _at_least(0), "an integer >= 0"),
-    "temperature": (float, True, _at_least(0), "a number >= 0"),
-    "top_p": (float, True, lambda value: 0 < value <= 1, "a number in (0, 1]"),
-    "typical_p": (float, True, lambda value: 0 < value <= 1, "a number in (0, 1]"),
-    "min_p": (float, True, lambda value: 0 <= value <= 1, "a number in [0, 1]"),
-    "epsilon_cutoff": (float, True, lambda value: 0 <= value < 1, "a number in [0, 1)"),
-    "eta_cutoff": (float, True, lambda value: 0 <= value < 1, "a number in [0, 1)"),
-    "repetition_penalty": (float, True, lambda value: value > 0, "a number > 0"),
-    "encoder_repetition_penalty": (float, True, lambda value: value > 0, "a number > 0"),
-    "length_penalty": (float, False, math.isfinite, "a finite number"),
-    "diversity_penalty": (float, True, _at_least(0), "a number >= 0"),
-    "penalty_alpha": (float, True, _at_least(0), "a number >= 0"),
-    "max_time": (float, True, lambda value: value > 0, "a number of seconds > 0"),
-}
-
-
-def _is_kind(value: Any, kind: type) -> bool:
-    """Whether `value` is an integer (`kind` int) or a real number (`kind` float); bools are neither."""
-    abstract = numbers.Integral if kind is int else numbers.Real
-    return isinstance(value, abstract) and not isinstance(value, bool)
-
-
-_TOKEN_ID_SHAPES = {"id": "a token id (an int >= 0)", "list": "a list of token ids (ints >= 0)",
-                    "id or list": "a token id or a list of token ids (ints >= 0)"}
-
-
-def _token_id_list(name: str, value: Any, accepted: str) -> list[int]:
-    """Checks that `value` has an `accepted` shape (see `_TOKEN_ID_SHAPES`) of ids >= 0; returns them as a list."""
-    is_scalar = _is_kind(value, int)
-    if is_scalar:
-        well_formed = accepted != "list"
-    else:
-        well_formed = (accepted != "id" and isinstance(value, (list, tuple))
-                       and all(_is_kind(token, int) for token in value))
-    if not well_formed:
-        raise TypeError(f"`{name}` must be {_TOKEN_ID_SHAPES[accepted]}, got {value!r}.")
-    ids = [value] if is_scalar else list(value)
-    if any(token < 0 for token in ids):
-        raise ValueError(f"`{name}` must hold token ids >= 0, got {value!r}.")
-    return ids
 
 
 def _without_metadata(config_dict: dict[str, Any]) -> dict[str, Any]:

@@ -52,3 +52,39 @@ class GenerateBeamDecoderOnlyOutput(_Output):
     scores: Optional[tuple] = None
     logits: Optional[tuple] = None
     beam_indices: Optional[tf.Tensor] = None
+
+
+def package_outputs(request, result: dict):
+    """Cuts the bucket padding off a program's outputs (`DecodingLoop.result`'s dict) and packs them like HF:
+    the `sequences` tensor `[rows, prompt_len + max_new_tokens]`, or an output object when the request asked
+    for `return_dict_in_generate`. `request` is the `tfgen.request.Request` that ran.
+
+    Every per-row output holds `k` rows per prompt (k = 1, num_beams or num_return_sequences), grouped by
+    prompt, so the caller's rows are the first `batch_size * k`.
+    """
+    end = request.start + request.prompt_len + request.max_new_tokens
+
+    def real_rows(tensor, axis=0):
+        rows_per_prompt = tensor.shape[axis] // request.spec.batch_size
+        return tf.gather(tensor, tf.range(request.batch_size * rows_per_prompt), axis=axis)
+
+    sequences = real_rows(tf.convert_to_tensor(result["sequences"]))[:, request.start : end]
+    if not request.return_dict:
+        return sequences
+    steps = int(result["steps"])
+
+    def per_step(name):
+        if name not in result:
+            return None
+        buffer = real_rows(result[name], axis=1)
+        return tuple(buffer[step] for step in range(steps))
+
+    fields = dict(sequences=sequences, scores=per_step("scores"), logits=per_step("logits"))
+    if "sequences_scores" not in result:
+        return GenerateDecoderOnlyOutput(**fields)
+    beam_indices = result.get("beam_indices")
+    return GenerateBeamDecoderOnlyOutput(
+        **fields,
+        sequences_scores=real_rows(result["sequences_scores"]),
+        beam_indices=None if beam_indices is None else real_rows(beam_indices)[:, :steps],
+    )

@@ -1,14 +1,25 @@
-"""`tfgen batch --model PATH_OR_ID --input prompts.jsonl --output results.jsonl`: generate for every row of a
+"""`tfgen batch --input prompts.jsonl --output results.jsonl [--model PATH_OR_ID]`: generate for every row of a
 file on every device, resumably (rerun the same command after a crash). See `docs/batch.md`."""
 
 from __future__ import annotations
 
+import logging
 import sys
+
+# TensorFlow-free, so that `tfgen --help` and `tfgen batch --help` answer without importing TensorFlow.
+from tfgen.batch.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_SEED,
+    DISTRIBUTION_STRATEGIES,
+    INPUT_FORMATS,
+    ON_ERROR,
+    WINDOW_GROUPS,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> None:
-    from tfgen.batch import DEFAULT_BATCH_SIZE, DEFAULT_SEED, INPUT_FORMATS, ON_ERROR, STRATEGIES, WINDOW_GROUPS
-
     parser = subparsers.add_parser(
         "batch",
         help="generate for every prompt of a JSONL/TFRecord file (multi-device, resumable)",
@@ -16,17 +27,21 @@ def add_parser(subparsers) -> None:
         "or tf.train.Example records with features id and input_ids (or prompt). Results go to OUTPUT in input "
         "order; rerunning the same command after a crash resumes where the last complete window ended.",
     )
-    parser.add_argument("--model", required=True, help="local model directory or hub id (HF layout)")
+    parser.add_argument(
+        "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
+    )
     parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
     parser.add_argument("--output", required=True, help="results JSONL (local path); sidecar files share its name")
-    parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: --model)")
+    parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the model's)")
     parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto", help="default: from the extension")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per replica per call")
     parser.add_argument(
         "--window", type=int, help=f"rows sorted by length together and committed at once (default {WINDOW_GROUPS}"
         " x batch size)"
     )
-    parser.add_argument("--strategy", choices=STRATEGIES, default="auto", help="how to spread over devices")
+    parser.add_argument(
+        "--strategy", choices=DISTRIBUTION_STRATEGIES, default="auto", help="how to spread over devices"
+    )
     parser.add_argument("--tpu", default="local", help="TPU name or grpc:// address ('local' on a TPU VM)")
     parser.add_argument(
         "--cpu-devices", type=int, help="split the host CPU into N logical devices (rehearse a multi-replica run)"
@@ -40,7 +55,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--repetition-penalty", type=float)
-    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(handler=run)
 
 
@@ -55,19 +70,21 @@ def run(args) -> int:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
 
     from tfgen.batch import make_strategy, run_batch_job
+    from tfgen.defaults import default_model_path
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.tokenizer import Tokenizer
 
+    model_path = args.model or default_model_path()
     strategy = make_strategy(args.strategy, tpu=args.tpu)
     try:
-        tokenizer = Tokenizer.from_pretrained(args.tokenizer or args.model)
+        tokenizer = Tokenizer.from_pretrained(args.tokenizer or model_path)
     except OSError as error:
         if args.tokenizer:
             raise
-        print(f"tfgen batch: no tokenizer ({error}); rows need input_ids and 'text' will be null", file=sys.stderr)
+        logger.warning("no tokenizer (%s); rows need input_ids and 'text' will be null", error)
         tokenizer = None
     with strategy.scope():
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(model_path)
     options = {
         "max_new_tokens": args.max_new_tokens,
         "do_sample": args.do_sample,

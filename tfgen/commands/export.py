@@ -1,8 +1,13 @@
-"""`tfgen export --model PATH_OR_ID OUT_DIR`: write a TF Serving SavedModel with generate() in the graph."""
+"""`tfgen export [--model PATH_OR_ID] OUT_DIR`: write a TF Serving SavedModel with generate() in the graph (of the
+shipped model unless --model names another)."""
 
 from __future__ import annotations
 
-import sys
+import logging
+import os
+from typing import Optional
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> None:
@@ -16,7 +21,9 @@ def add_parser(subparsers) -> None:
         + " (generate_text when the model folder has a byte-level BPE tokenizer). See docs/serving.md.",
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="model base folder (TF Serving's --model_base_path)")
-    parser.add_argument("--model", required=True, help="local model directory or hub id (HF layout)")
+    parser.add_argument(
+        "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
+    )
     parser.add_argument("--max-new-tokens", type=int, help="token buffer of every signature (default: config, else 20)")
     parser.add_argument("--version", type=int, default=1, help="version folder to write (default 1; must not exist)")
     parser.add_argument("--no-jit", action="store_true", help="plain TF graph: runs on TF Serving without XLA")
@@ -28,40 +35,56 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--num-beams", type=int, help="beams of the beam_search signature (default: config, else 4)")
     parser.add_argument("--contrastive-top-k", type=int,
                         help="candidates per step of the contrastive signature (default: config, else 4)")
+    parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
+                        help="end a row once its text ends with TEXT, in every signature (repeatable; needs the "
+                        "model's tokenizer)")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    import os
+    version_dir = export_model(
+        args.model,
+        args.out_dir,
+        max_new_tokens=args.max_new_tokens,
+        version=args.version,
+        jit_compile=not args.no_jit,
+        signatures=args.signatures,
+        text=not args.no_text,
+        num_beams=args.num_beams,
+        contrastive_top_k=args.contrastive_top_k,
+        stop_strings=args.stop_strings,
+    )
+    print(os.path.abspath(version_dir))
+    return 0
 
-    from tfgen.export import export_saved_model
+
+def export_model(
+    model_path: Optional[str], out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, **options
+) -> str:
+    """Exports the model at `model_path` (None: the shipped model) to `out_dir/<version>/` with `export_saved_model`
+    and its `options`, adding generate_text when `text` is true, `signatures` allows it and a tokenizer sits next
+    to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Returns the version
+    folder."""
+    from tfgen.defaults import default_model_path
+    from tfgen.export import SIGNATURES, export_saved_model
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.tokenizer import Tokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(args.model)
-    wants_text = not args.no_text and (args.signatures is None or "generate_text" in args.signatures)
+    model_path = model_path or default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(model_path)
     tokenizer = None
-    if wants_text:
+    if stop_strings or (text and (signatures is None or "generate_text" in signatures)):
         try:
-            tokenizer = Tokenizer.from_pretrained(args.model)
+            tokenizer = Tokenizer.from_pretrained(model_path)
         except OSError:
-            if args.signatures is not None:
+            if signatures is not None or stop_strings:
                 raise
-            print("tfgen export: no tokenizer.json next to the model, so no generate_text signature",
-                  file=sys.stderr)
+            logger.warning("no tokenizer.json next to the model, so no generate_text signature")
+    if not text and signatures is None:
+        signatures = [name for name, spec in SIGNATURES.items() if not spec.text]
+    if stop_strings:
+        options["stop_strings"] = stop_strings
     try:
-        version_dir = export_saved_model(
-            model,
-            args.out_dir,
-            max_new_tokens=args.max_new_tokens,
-            version=args.version,
-            jit_compile=not args.no_jit,
-            signatures=args.signatures,
-            tokenizer=tokenizer,
-            num_beams=args.num_beams,
-            contrastive_top_k=args.contrastive_top_k,
-        )
+        return export_saved_model(model, out_dir, signatures=signatures, tokenizer=tokenizer, **options)
     except ImportError as error:
         raise ValueError(f"{error} (or pass --no-text)") from None
-    print(os.path.abspath(version_dir))
-    return 0

@@ -18,6 +18,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
+                        help="stop once the text ends with TEXT (repeatable)")
+    parser.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after SECONDS, compiling included")
     parser.add_argument("--no-jit", action="store_true", help="run the loop eagerly (debugging)")
     parser.add_argument(
         "--no-stream", dest="stream", action="store_false", help="print the text at the end instead of token by token"
@@ -42,6 +45,8 @@ def run(args) -> int:
         "top_k": args.top_k,
         "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty,
+        "stop_strings": args.stop_strings,
+        "max_time": args.max_time,
     }
     options = {name: value for name, value in options.items() if value is not None}
     if args.do_sample is False:
@@ -56,6 +61,7 @@ def run(args) -> int:
         seed=args.seed,
         jit_compile=not args.no_jit,
         streamer=streamer,
+        tokenizer=tokenizer,
         **options,
     )
     if streamer is None:

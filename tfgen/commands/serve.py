@@ -1,18 +1,33 @@
-"""`tfgen serve EXPORT_DIR`: a local server speaking TF Serving's REST API for an exported model."""
+"""`tfgen serve [EXPORT_DIR]`: a local server speaking TF Serving's REST API for an exported model (without
+EXPORT_DIR, for the shipped model, exported to a temporary folder first)."""
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
+
+logger = logging.getLogger(__name__)
+
+# tfgen.serving's defaults, repeated because it imports TensorFlow and `tfgen serve --help` must answer without it
+# (tests/test_cli.py checks that the two agree).
+DEFAULT_PORT = 8501
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
 
 def add_parser(subparsers) -> None:
-    from tfgen.serving import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT
-
     parser = subparsers.add_parser(
         "serve",
         help="serve an export folder over TF Serving's REST API (plus :generate for text)",
         description="Serves the newest version under EXPORT_DIR at /v1/models/<name>: :predict (TF Serving's row "
-        "and columnar formats), status, /metadata, and :generate {\"text\": ...}. See docs/serving.md.",
+        "and columnar formats), status, /metadata, and :generate {\"text\": ...}. Without EXPORT_DIR, exports the "
+        "shipped model (every signature, XLA) to a temporary folder first and serves it as stdlib-gpt2. See "
+        "docs/serving.md.",
     )
-    parser.add_argument("export_dir", metavar="EXPORT_DIR", help="folder written by `tfgen export`")
+    parser.add_argument(
+        "export_dir", metavar="EXPORT_DIR", nargs="?",
+        help="folder written by `tfgen export` (default: the shipped model, exported at start)",
+    )
     parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}, TF Serving's REST port (0: any free)"
     )
@@ -26,6 +41,20 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from tfgen.serving import serve
 
-    serve(args.export_dir, host=args.host, port=args.port, model_name=args.model_name,
-          max_request_bytes=args.max_request_bytes)
+    options = dict(host=args.host, port=args.port, model_name=args.model_name,
+                   max_request_bytes=args.max_request_bytes)
+    if args.export_dir is not None:
+        serve(args.export_dir, **options)
+        return 0
+
+    from tfgen.commands.export import export_model
+    from tfgen.defaults import default_model_path
+
+    with tempfile.TemporaryDirectory(prefix="tfgen-serve-") as folder:
+        # The folder's name is the model's name in the URLs.
+        export_dir = os.path.join(folder, os.path.basename(default_model_path()))
+        logger.info("no EXPORT_DIR: exporting the shipped model to %s first (`tfgen export DIR` once, then "
+                    "`tfgen serve DIR`, skips this at every start)", export_dir)
+        export_model(None, export_dir)
+        serve(export_dir, **options)
     return 0

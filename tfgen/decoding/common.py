@@ -1,4 +1,5 @@
-"""Pieces every decoding loop shares: the loop inputs, the prefill, token selection and buffer writes."""
+"""Pieces every decoding loop shares: the loop inputs and token state, the prefill, and the one way each of
+these is done — writing a column, the eos test, score buffers, processor context, sampling a token."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tfgen.processors import ProcessorContext
 from tfgen.random import uniform_per_row
+from tfgen.stopping import stopped_rows
 
 
 class DecodeInputs(NamedTuple):
@@ -18,7 +21,7 @@ class DecodeInputs(NamedTuple):
     max_new_tokens: int32 `[B]`, each row's budget of new tokens (0 for bucket-padding rows).
     row_seeds: int32 `[B, 2]`, each row's sampling key.
     pad_token_id: int32 scalar. eos_token_ids: int32 `[E]` (-1 entries never match).
-    knobs: dict of processor values (see `tfgen.processors`), per row where numeric.
+    knobs: dict of run-time knob tensors (see `tfgen.knobs`), per row where the schema says so.
     """
 
     input_ids: tf.Tensor
@@ -32,23 +35,38 @@ class DecodeInputs(NamedTuple):
     knobs: dict
 
 
-class Prefill(NamedTuple):
-    """State after the prompt went through the model.
+class DecodeState(NamedTuple):
+    """The token-level state every loop carries (R rows: prompts, or prompts x beams / candidates).
 
-    sequences: int32 `[B, L]` token buffer (prompt, then pad in the slots still to generate).
-    buffer_mask: int32 `[B, L]` attention mask over the buffer.
-    cache: the model's cache nest, holding the prompt.
-    logits: float32 `[B, V]` next-token logits after the prompt.
-    hidden: float `[B, T, D]` last hidden states of the prompt (contrastive search compares against them).
-    next_position: int32 `[B]` position id of the next token (real tokens so far).
+    step: int32 scalar, tokens chosen so far (the next one is written at buffer column `T + step`).
+    sequences: int32 `[R, T + N]` token buffer (prompt, chosen tokens, then pad).
+    buffer_mask: int32 `[R, T + N]` attention mask over the buffer.
+    cache: the model's cache nest (leading axis R, or a multiple of it).
+    logits: float32 `[R, V]` raw logits for the token at `step`.
+    next_position: int32 `[R]` position id of the next token (real tokens so far).
+    finished: bool `[R]`, rows that will not change any more (eos, budget spent, or their search is done).
+    generated: int32 `[R]`, tokens each row chose before it finished (the finishing token included).
+    scores / raw_logits: float32 `[N, R, V]` processed scores / raw logits per step, or `[0]` when not collected.
     """
 
+    step: tf.Tensor
     sequences: tf.Tensor
     buffer_mask: tf.Tensor
     cache: Any
     logits: tf.Tensor
-    hidden: tf.Tensor
     next_position: tf.Tensor
+    finished: tf.Tensor
+    generated: tf.Tensor
+    scores: tf.Tensor
+    raw_logits: tf.Tensor
+
+
+class Prefill(NamedTuple):
+    """The prompt after one pass through the model: the first `DecodeState` (step 0, nothing chosen) and the
+    prompt's last hidden states float `[B, T, D]` (contrastive search compares against them)."""
+
+    state: DecodeState
+    hidden: tf.Tensor
 
 
 def decoding_model(model, rows):
@@ -58,8 +76,27 @@ def decoding_model(model, rows):
     return model if view is None else view(rows)
 
 
-def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int) -> Prefill:
-    """Allocates the static buffers (`L = T + buffer_new_tokens` slots) and runs the whole prompt at once."""
+def size_of(tensor: tf.Tensor, axis: int):
+    """`tensor.shape[axis]` when the trace knows it (so loop-carried shapes stay static), else its run-time size
+    (an exported signature may leave batch and prompt length as None)."""
+    size = tensor.shape[axis]
+    return tf.shape(tensor)[axis] if size is None else size
+
+
+def score_buffer(collecting: bool, steps: int, rows, vocab_size: int) -> tf.Tensor:
+    """Zeros float32 `[steps, rows, vocab_size]` for per-step scores, or a `[0]` placeholder when not collected."""
+    return tf.zeros(tf.stack([steps, rows, vocab_size]) if collecting else [0], tf.float32)
+
+
+def record_step(buffer: tf.Tensor, values: tf.Tensor, step: tf.Tensor, collecting: bool) -> tf.Tensor:
+    """`buffer` with `values` `[rows, V]` stored at `step` (unchanged when not collecting)."""
+    if not collecting:
+        return buffer
+    return tf.tensor_scatter_nd_update(buffer, step[None, None], values[None])
+
+
+def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_scores=False, output_logits=False) -> Prefill:
+    """Allocates the static buffers (`T + buffer_new_tokens` slots) and runs the whole prompt at once."""
     # Dynamic sizes (constants under a fixed-shape trace), so an exported signature can leave batch and
     # prompt length as None.
     batch_size, prompt_width = tf.unstack(tf.shape(inputs.input_ids))
@@ -76,29 +113,90 @@ def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int) -> Prefill:
     out = model.call_with_cache(
         inputs.input_ids, cache, tf.constant(0, tf.int32), buffer_mask, position_ids, last_logits_only=True
     )
-    return Prefill(
+    logits = tf.cast(out.logits[:, -1, :], tf.float32)
+    vocab_size = logits.shape[-1]
+    state = DecodeState(
+        step=tf.constant(0, tf.int32),
         sequences=sequences,
         buffer_mask=buffer_mask,
         cache=out.cache,
-        logits=tf.cast(out.logits[:, -1, :], tf.float32),
-        hidden=out.hidden_states,
+        logits=logits,
         next_position=tf.reduce_sum(inputs.attention_mask, axis=1),
+        finished=inputs.max_new_tokens <= 0,
+        generated=tf.zeros_like(inputs.max_new_tokens),
+        scores=score_buffer(output_scores, buffer_new_tokens, batch_size, vocab_size),
+        raw_logits=score_buffer(output_logits, buffer_new_tokens, batch_size, vocab_size),
     )
+    return Prefill(state, out.hidden_states)
 
 
-def write_column(buffer: tf.Tensor, column: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
-    """Returns `buffer` `[B, L]` with `column` `[B]` written at column `index` (a scalar tensor).
+def gather_rows(nest, rows: tf.Tensor):
+    """Every tensor of `nest` (leading axis = rows) gathered at `rows` int32 `[R]`."""
+    return tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows), nest)
 
-    A masked select rather than a dynamic slice: token and mask buffers are tiny, and this form is the
-    same op eagerly, in a graph and under XLA.
-    """
-    at_index = tf.range(tf.shape(buffer)[1]) == tf.cast(index, tf.int32)
-    return tf.where(at_index[None, :], tf.cast(column, buffer.dtype)[:, None], buffer)
+
+def write_at(buffer: tf.Tensor, values: tf.Tensor, index, axis: int = -1) -> tf.Tensor:
+    """`buffer` with `values` (`buffer`'s shape without `axis`) written at position `index` (a scalar tensor)
+    of `axis`. A masked select rather than a dynamic slice: the buffers are small, and this form is the same
+    op eagerly, in a graph and under XLA."""
+    rank = buffer.shape.rank
+    axis %= rank
+    at_index = tf.range(tf.shape(buffer)[axis]) == tf.cast(index, tf.int32)
+    at_index = tf.reshape(at_index, [-1 if dim == axis else 1 for dim in range(rank)])
+    return tf.where(at_index, tf.expand_dims(tf.cast(values, buffer.dtype), axis), buffer)
 
 
 def is_eos(tokens: tf.Tensor, eos_token_ids: tf.Tensor) -> tf.Tensor:
-    """bool `[B]`: whether each token is one of the eos ids (`[E]`, -1 padding never matches)."""
-    return tf.reduce_any(tokens[:, None] == eos_token_ids[None, :], axis=1)
+    """bool, shape of `tokens`: whether each token is one of the eos ids (`[E]`, -1 padding never matches)."""
+    return tf.reduce_any(tokens[..., None] == eos_token_ids, axis=-1)
+
+
+def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: int = 1) -> ProcessorContext:
+    """Where HF's `input_ids` sits in `sequences` (`copies` consecutive rows per prompt) at `step`."""
+    max_length = inputs.prompt_len + inputs.max_new_tokens
+    return ProcessorContext(
+        sequences=sequences,
+        start=inputs.start,
+        cur_len=inputs.prompt_len + step,
+        prompt_len=inputs.prompt_len,
+        max_length=max_length if copies == 1 else tf.repeat(max_length, copies),
+    )
+
+
+def forward_last_tokens(model, state: DecodeState, prompt_width) -> DecodeState:
+    """Runs each row's last chosen token (buffer column `prompt_width + step - 1`) through the model: the state
+    with the updated cache, the logits for the token at `step` and the next positions."""
+    index = prompt_width + state.step - 1
+    tokens = tf.gather(state.sequences, index[None], axis=1)
+    out = model.call_with_cache(tokens, state.cache, index, state.buffer_mask, state.next_position[:, None])
+    return state._replace(
+        cache=out.cache,
+        logits=tf.cast(out.logits[:, -1, :], tf.float32),
+        next_position=state.next_position + 1,
+    )
+
+
+def commit_tokens(state: DecodeState, inputs: DecodeInputs, tokens: tf.Tensor, processed: tf.Tensor, spec) -> DecodeState:
+    """Writes the chosen `tokens` int32 `[R]` at step `state.step` (pad in rows already finished), marks rows
+    finished that hit eos, spent their budget or meet a stopping criterion of `spec` (a `DecodeSpec`), records
+    the step's scores and advances `step`."""
+    tokens = tf.where(state.finished, inputs.pad_token_id, tokens)
+    index = tf.shape(inputs.input_ids)[1] + state.step
+    sequences = write_at(state.sequences, tokens, index)
+    finished = state.finished | is_eos(tokens, inputs.eos_token_ids) | (state.step + 1 >= inputs.max_new_tokens)
+    stopped = stopped_rows(spec.stop_strings, spec.stopping_criteria, sequences, index, inputs.start,
+                           inputs.pad_token_id, processed)
+    if stopped is not None:
+        finished |= stopped
+    return state._replace(
+        step=state.step + 1,
+        sequences=sequences,
+        buffer_mask=write_at(state.buffer_mask, tf.ones_like(tokens), index),
+        finished=finished,
+        generated=state.generated + tf.cast(~state.finished, tf.int32),
+        scores=record_step(state.scores, processed, state.step, spec.output_scores),
+        raw_logits=record_step(state.raw_logits, state.logits, state.step, spec.output_logits),
+    )
 
 
 def sample_from_scores(scores: tf.Tensor, row_seeds: tf.Tensor, step: tf.Tensor) -> tf.Tensor:

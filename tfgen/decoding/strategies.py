@@ -1,6 +1,7 @@
 """The table that maps a generation mode to its decoding loop, and what the loop needs from the config.
 
-`generate()` looks the mode up here; adding a strategy means adding an entry, not editing generate().
+The request layer looks the mode up here; adding a strategy means adding a `DecodingLoop` subclass and an entry,
+not editing `generate()`, streaming, batch or export.
 """
 
 from __future__ import annotations
@@ -11,20 +12,11 @@ from typing import Callable
 import numpy as np
 
 from tfgen.config import GenerationConfig, GenerationMode
-from tfgen.decoding.beam import (
-    beam_knobs,
-    beam_options,
-    decode_beam_search,
-    decode_group_beam_search,
-    group_beam_knobs,
-    group_beam_options,
-)
-from tfgen.decoding.contrastive import contrastive_knobs, contrastive_options, decode_contrastive_search
-from tfgen.decoding.sampling import decode_greedy_or_sample
-
-
-def _no_options(config: GenerationConfig) -> dict:
-    return {}
+from tfgen.decoding.beam import BeamSearchLoop, beam_knobs, beam_options
+from tfgen.decoding.contrastive import ContrastiveSearchLoop, contrastive_knobs, contrastive_options
+from tfgen.decoding.group_beam import GroupBeamSearchLoop, group_beam_knobs, group_beam_options
+from tfgen.decoding.loop import DecodeSpec, DecodingLoop
+from tfgen.decoding.sampling import GreedyOrSampleLoop
 
 
 def _no_knobs(config: GenerationConfig, batch_size: int) -> dict[str, np.ndarray]:
@@ -35,45 +27,47 @@ def _no_knobs(config: GenerationConfig, batch_size: int) -> dict[str, np.ndarray
 class Strategy:
     """How one generation mode runs.
 
-    decode: `decode(model, inputs: DecodeInputs, *, buffer_new_tokens, processor_spec, user_processors,
-        output_scores, output_logits, **static_options) -> dict` of tensors. Required keys: `sequences` int32
-        `[B * rows_per_prompt, T + buffer_new_tokens]` (rows grouped by prompt) and `steps` int32 scalar. Optional:
-        `scores` / `logits` float32 `[buffer_new_tokens, B * k, V]`, `sequences_scores` float32
-        `[B * rows_per_prompt]`, `beam_indices` int32 `[B * rows_per_prompt, buffer_new_tokens]`.
-    static_options: config -> dict of hashable values passed to `decode` as keywords (part of the program key).
-    runtime_knobs: (config, batch_size) -> dict of per-row numpy arrays `[batch_size, ...]` merged into
-        `inputs.knobs` (values that must not recompile, e.g. `length_penalty`).
-    host_expands_return_sequences: True when generate() repeats each prompt `num_return_sequences` times before
-        decoding (independent samples); False when `decode` itself returns `num_return_sequences` rows per prompt.
+    loop: the `DecodingLoop` subclass, built as `loop(model, spec)` inside the program.
+    static_options: config -> dict of hashable values (part of the program key, `DecodeSpec.options`).
+    runtime_knobs: (config, batch_size) -> dict of numpy knob values (declared in `tfgen.knobs`) merged into
+        `DecodeInputs.knobs`: values that must not recompile, e.g. `length_penalty`.
+    host_expands_return_sequences: True when the request layer repeats each prompt `num_return_sequences` times
+        before decoding (independent samples); False when the loop itself returns that many rows per prompt.
     """
 
-    decode: Callable[..., dict]
-    static_options: Callable[[GenerationConfig], dict] = _no_options
+    loop: type[DecodingLoop]
+    static_options: Callable[[GenerationConfig], dict]
     runtime_knobs: Callable[[GenerationConfig, int], dict] = _no_knobs
     host_expands_return_sequences: bool = False
+
+    def make_loop(self, model, spec: DecodeSpec) -> DecodingLoop:
+        return self.loop(model, spec)
 
 
 STRATEGIES: dict[GenerationMode, Strategy] = {
     GenerationMode.GREEDY_SEARCH: Strategy(
-        decode=decode_greedy_or_sample,
-        static_options=lambda config: {"do_sample": False},
-        host_expands_return_sequences=True,
+        GreedyOrSampleLoop, lambda config: {"do_sample": False}, host_expands_return_sequences=True
     ),
     GenerationMode.SAMPLE: Strategy(
-        decode=decode_greedy_or_sample,
-        static_options=lambda config: {"do_sample": True},
-        host_expands_return_sequences=True,
+        GreedyOrSampleLoop, lambda config: {"do_sample": True}, host_expands_return_sequences=True
     ),
-    GenerationMode.BEAM_SEARCH: Strategy(
-        decode=decode_beam_search, static_options=beam_options, runtime_knobs=beam_knobs
-    ),
-    GenerationMode.BEAM_SAMPLE: Strategy(
-        decode=decode_beam_search, static_options=beam_options, runtime_knobs=beam_knobs
-    ),
-    GenerationMode.GROUP_BEAM_SEARCH: Strategy(
-        decode=decode_group_beam_search, static_options=group_beam_options, runtime_knobs=group_beam_knobs
-    ),
-    GenerationMode.CONTRASTIVE_SEARCH: Strategy(
-        decode=decode_contrastive_search, static_options=contrastive_options, runtime_knobs=contrastive_knobs
-    ),
+    GenerationMode.BEAM_SEARCH: Strategy(BeamSearchLoop, beam_options, beam_knobs),
+    GenerationMode.BEAM_SAMPLE: Strategy(BeamSearchLoop, beam_options, beam_knobs),
+    GenerationMode.GROUP_BEAM_SEARCH: Strategy(GroupBeamSearchLoop, group_beam_options, group_beam_knobs),
+    GenerationMode.CONTRASTIVE_SEARCH: Strategy(ContrastiveSearchLoop, contrastive_options, contrastive_knobs),
 }
+
+
+def strategy_for(mode: GenerationMode) -> Strategy:
+    """The table's entry for `mode`; ValueError naming the available modes when there is none."""
+    strategy = STRATEGIES.get(mode)
+    if strategy is None:
+        raise ValueError(
+            f"generation mode {mode.value!r} is not available; these are: {', '.join(m.value for m in STRATEGIES)}."
+        )
+    return strategy
+
+
+def make_loop(model, spec: DecodeSpec) -> DecodingLoop:
+    """The decoding loop of `spec.mode` for `model`."""
+    return strategy_for(spec.mode).make_loop(model, spec)

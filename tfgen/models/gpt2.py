@@ -7,7 +7,6 @@ Weights use HF's layout (`Conv1D` kernels are `[in, out]`, the LM head is tied t
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -20,25 +19,18 @@ import numpy as np
 import safetensors.numpy
 import tensorflow as tf
 
-# Private module, but its dynamic_update_slice is the only in-place slice write that runs eagerly, in
-# plain graphs and under XLA with a traced offset (TensorStridedSliceUpdate needs a constant offset
-# under XLA; tensor_scatter_nd_update works but measured ~3x slower per decode step).
-from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
-
 from tfgen.generation import TFGenerationMixin
+from tfgen.models.layers import (
+    ACTIVATIONS,
+    WeightFactory,
+    attention_allowed,
+    dense,
+    dropout,
+    layer_norm,
+    positions_from_mask,
+    write_slots,
+)
 from tfgen.models.protocol import CacheStepOutput
-
-_ACTIVATIONS = {
-    "gelu_new": functools.partial(tf.nn.gelu, approximate=True),
-    "gelu_fast": functools.partial(tf.nn.gelu, approximate=True),
-    "gelu_pytorch_tanh": functools.partial(tf.nn.gelu, approximate=True),
-    "gelu": functools.partial(tf.nn.gelu, approximate=False),
-    "quick_gelu": lambda x: x * tf.sigmoid(1.702 * x),
-    "relu": tf.nn.relu,
-    "silu": tf.nn.silu,
-    "swish": tf.nn.silu,
-    "tanh": tf.math.tanh,
-}
 
 # HF config options that change the architecture; accepted only at their (no-op) default.
 _UNSUPPORTED_HF_OPTIONS = {"add_cross_attention": False, "is_encoder_decoder": False, "pruned_heads": {}}
@@ -80,10 +72,10 @@ class GPT2Config:
             raise ValueError(f"GPT2Config.n_inner must be a positive int or None, got {self.n_inner!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPT2Config.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.activation_function not in _ACTIVATIONS:
+        if self.activation_function not in ACTIVATIONS:
             raise ValueError(
                 f"GPT2Config.activation_function={self.activation_function!r} is not implemented; "
-                f"supported: {sorted(_ACTIVATIONS)}"
+                f"supported: {sorted(ACTIVATIONS)}"
             )
         if self.reorder_and_upcast_attn:
             raise ValueError("GPT2Config.reorder_and_upcast_attn=True is not implemented")
@@ -144,85 +136,13 @@ class CausalLMOutput(NamedTuple):
     hidden_states: tf.Tensor
 
 
-def positions_from_mask(attention_mask: tf.Tensor) -> tf.Tensor:
-    """int32 `[B, T]` positions counting only real tokens (`cumsum(mask) - 1`, pads clipped to 0), so a
-    left-padded row gets the same positions as the unpadded one."""
-    return tf.maximum(tf.cumsum(tf.cast(attention_mask, tf.int32), axis=1) - 1, 0)
-
-
-def _attention_allowed(query_index: tf.Tensor, key_mask: tf.Tensor) -> tf.Tensor:
-    """bool `[B, 1, T, S]`: the query at buffer index `query_index[t]` (int32 `[T]`) may attend key slot
-    `s` iff `s <= query_index[t]` and `key_mask[b, s]` (any dtype `[B, S]`, nonzero = real token)."""
-    key_index = tf.range(tf.shape(key_mask)[1])
-    causal = key_index[tf.newaxis, :] <= query_index[:, tf.newaxis]
-    return causal[tf.newaxis, tf.newaxis] & tf.cast(key_mask, tf.bool)[:, tf.newaxis, tf.newaxis, :]
-
-
-def _write_slots(buffer: tf.Tensor, update: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
-    """`buffer` `[B, H, L, Dh]` with `update` `[B, H, T, Dh]` written at slots `[start, start + T)`."""
-    update = tf.cast(update, buffer.dtype)
-    if update.shape[2] is not None:
-        return dynamic_update_slice(buffer, update, tf.stack([0, 0, start, 0]))
-    # T unknown when traced: under XLA it may be a bounded dynamic size (tokens sliced at a traced
-    # offset), padded to its bound, which dynamic_update_slice would write whole; select slots instead.
-    length = tf.shape(update)[2]
-    offsets = tf.range(tf.shape(buffer)[2]) - start
-    written = (offsets >= 0) & (offsets < length)
-    gathered = tf.gather(update, tf.clip_by_value(offsets, 0, length - 1), axis=2)
-    return tf.where(written[:, tf.newaxis], gathered, buffer)
-
-
-def _layer_norm(x: tf.Tensor, gamma, beta, epsilon: float) -> tf.Tensor:
-    # Statistics in float32 so half-precision models stay stable; a no-op cast for float32 models.
-    x32 = tf.cast(x, tf.float32)
-    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
-    normed = (x32 - mean) * tf.math.rsqrt(variance + epsilon)
-    return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32), x.dtype)
-
-
-def _dense(x: tf.Tensor, kernel, bias) -> tf.Tensor:
-    return tf.matmul(x, tf.cast(kernel, x.dtype)) + tf.cast(bias, x.dtype)
-
-
-def _dropout(x: tf.Tensor, rate: float, training: bool, seed_generator) -> tf.Tensor:
-    return keras.random.dropout(x, rate, seed=seed_generator) if training and rate > 0 else x
-
-
-class _WeightFactory:
-    """Creates a layer's weights with HF's initialisation and records them under their HF names."""
-
-    def __init__(self, layer: keras.layers.Layer, config: GPT2Config, hf_prefix: str):
-        self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
-        self.by_hf_name: dict[str, Any] = {}
-
-    def _add(self, hf_name: str, shape, initializer):
-        # No Keras autocast: the code casts explicitly, so `call` (under Keras's autocast scope) and
-        # `call_with_cache` (called directly) compute identically under mixed policies.
-        variable = self.layer.add_weight(
-            shape=shape, initializer=initializer, name=hf_name.replace(".", "_"), autocast=False
-        )
-        self.by_hf_name[self.hf_prefix + hf_name] = variable
-        return variable
-
-    def normal(self, hf_name: str, shape, stddev: float | None = None):
-        stddev = self.config.initializer_range if stddev is None else stddev
-        return self._add(hf_name, shape, keras.initializers.RandomNormal(stddev=stddev))
-
-    def dense(self, hf_name: str, n_in: int, n_out: int, stddev: float | None = None):
-        """(kernel `[n_in, n_out]`, bias `[n_out]`) as HF's Conv1D."""
-        return self.normal(f"{hf_name}.weight", (n_in, n_out), stddev), self._add(f"{hf_name}.bias", (n_out,), "zeros")
-
-    def layer_norm(self, hf_name: str, dim: int):
-        return self._add(f"{hf_name}.weight", (dim,), "ones"), self._add(f"{hf_name}.bias", (dim,), "zeros")
-
-
 class GPT2Block(keras.layers.Layer):
     """One pre-norm transformer block (attention + MLP, each residual)."""
 
     def __init__(self, config: GPT2Config, layer_idx: int, **kwargs):
         super().__init__(**kwargs)
         self.config = config
-        weights = _WeightFactory(self, config, f"h.{layer_idx}.")
+        weights = WeightFactory(self, config, f"h.{layer_idx}.")
         # HF's GPT-2 scheme: residual projections start smaller, by 1/sqrt(2 * n_layer).
         residual_stddev = config.initializer_range / math.sqrt(2 * config.n_layer)
         d, inner = config.n_embd, config.inner_size
@@ -238,7 +158,7 @@ class GPT2Block(keras.layers.Layer):
             (1.0 / math.sqrt(config.head_dim) if config.scale_attn_weights else 1.0)
             / (layer_idx + 1 if config.scale_attn_by_inverse_layer_idx else 1)
         )
-        self.activation = _ACTIVATIONS[config.activation_function]
+        self.activation = ACTIVATIONS[config.activation_function]
         self.built = True
 
     def forward(self, x, attention_allowed, layer_cache, cache_index, training, seed_generator):
@@ -248,23 +168,23 @@ class GPT2Block(keras.layers.Layer):
         Returns (x `[B, T, D]`, updated layer_cache or None)."""
         config = self.config
         length = tf.shape(x)[1]
-        qkv = _dense(_layer_norm(x, *self.ln_1, config.layer_norm_epsilon), *self.c_attn)
+        qkv = dense(layer_norm(x, *self.ln_1, config.layer_norm_epsilon), *self.c_attn)
         qkv = tf.reshape(qkv, [-1, length, 3, config.n_head, config.head_dim])
         query, key, value = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each [B, heads, T, head_dim]
         if layer_cache is not None:
-            layer_cache = tuple(_write_slots(old, new, cache_index) for old, new in zip(layer_cache, (key, value)))
+            layer_cache = tuple(write_slots(old, new, cache_index) for old, new in zip(layer_cache, (key, value)))
             key, value = layer_cache
         scores = tf.matmul(query * self.query_scale, tf.cast(key, query.dtype), transpose_b=True)
         # A finite floor instead of -inf: a fully masked (padding) row then softmaxes to uniform weights
         # over finite values instead of NaN, which would leak into later tokens through the cache.
         scores = tf.where(attention_allowed, scores, tf.constant(scores.dtype.min, scores.dtype))
         probabilities = tf.cast(tf.nn.softmax(tf.cast(scores, tf.float32)), x.dtype)
-        probabilities = _dropout(probabilities, config.attn_pdrop, training, seed_generator)
+        probabilities = dropout(probabilities, config.attn_pdrop, training, seed_generator)
         attended = tf.matmul(probabilities, tf.cast(value, x.dtype))
         attended = tf.reshape(tf.transpose(attended, [0, 2, 1, 3]), [-1, length, config.n_embd])
-        x = x + _dropout(_dense(attended, *self.attn_c_proj), config.resid_pdrop, training, seed_generator)
-        mlp = self.activation(_dense(_layer_norm(x, *self.ln_2, config.layer_norm_epsilon), *self.c_fc))
-        x = x + _dropout(_dense(mlp, *self.mlp_c_proj), config.resid_pdrop, training, seed_generator)
+        x = x + dropout(dense(attended, *self.attn_c_proj), config.resid_pdrop, training, seed_generator)
+        mlp = self.activation(dense(layer_norm(x, *self.ln_2, config.layer_norm_epsilon), *self.c_fc))
+        x = x + dropout(dense(mlp, *self.mlp_c_proj), config.resid_pdrop, training, seed_generator)
         return x, layer_cache
 
 
@@ -286,7 +206,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         super().__init__(dtype=dtype, **kwargs)
         self.config = config
         self.generation_config = None
-        weights = _WeightFactory(self, config, "")
+        weights = WeightFactory(self, config, "")
         self.wte = weights.normal("wte.weight", (config.vocab_size, config.n_embd))
         self.wpe = weights.normal("wpe.weight", (config.n_positions, config.n_embd))
         self.blocks = [
@@ -305,7 +225,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
     def _forward(self, input_ids, position_ids, attention_allowed, cache, cache_index, training):
         """Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or None)."""
         embeddings = tf.gather(self.wte, input_ids) + tf.gather(self.wpe, position_ids)
-        x = _dropout(tf.cast(embeddings, self.compute_dtype), self.config.embd_pdrop, training, self.seed_generator)
+        x = dropout(tf.cast(embeddings, self.compute_dtype), self.config.embd_pdrop, training, self.seed_generator)
         layer_caches = [None] * len(self.blocks) if cache is None else cache
         new_caches = []
         for block, layer_cache in zip(self.blocks, layer_caches):
@@ -313,7 +233,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
                 x, attention_allowed, layer_cache, cache_index, training, self.seed_generator
             )
             new_caches.append(layer_cache)
-        hidden = _layer_norm(x, *self.ln_f, self.config.layer_norm_epsilon)
+        hidden = layer_norm(x, *self.ln_f, self.config.layer_norm_epsilon)
         return hidden, None if cache is None else tuple(new_caches)
 
     def _logits(self, hidden, head_transposed=None):
@@ -355,7 +275,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         input_ids = tf.cast(input_ids, tf.int32)
         attention_mask = tf.ones_like(input_ids) if attention_mask is None else tf.cast(attention_mask, tf.int32)
         position_ids = positions_from_mask(attention_mask) if position_ids is None else tf.cast(position_ids, tf.int32)
-        allowed = _attention_allowed(tf.range(tf.shape(input_ids)[1]), attention_mask)
+        allowed = attention_allowed(tf.range(tf.shape(input_ids)[1]), attention_mask)
         hidden, _ = self._forward(input_ids, position_ids, allowed, None, None, training)
         return CausalLMOutput(self._logits(hidden), hidden)
 
@@ -391,7 +311,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
             raise ValueError(f"cache has {len(cache)} layers, the model has {len(self.blocks)}")
         cache_index = tf.cast(cache_index, tf.int32)
         input_ids = tf.cast(input_ids, tf.int32)
-        allowed = _attention_allowed(cache_index + tf.range(tf.shape(input_ids)[1]), attention_mask)
+        allowed = attention_allowed(cache_index + tf.range(tf.shape(input_ids)[1]), attention_mask)
         hidden, cache = self._forward(input_ids, tf.cast(position_ids, tf.int32), allowed, cache, cache_index, False)
         if not compute_logits:
             return CacheStepOutput(None, hidden, cache)

@@ -1,9 +1,5 @@
-"""Runs `tfgen bench` and renders its results into `docs/performance.md` and PNG plots.
-
-    python tools/bench.py                          # full run (see `tfgen bench --help` for the flags)
-    python tools/bench.py --quick                  # smoke run of the whole pipeline
-    python tools/bench.py --from-json results.json # re-render the docs from a saved run
-    python tools/bench.py --from-json a.json,b.json # ... or from several runs, merged (e.g. more batch sizes)
+"""The results as a report: merging saved runs, markdown tables, PNG plots and the generated block of
+`docs/performance.md`.
 
 The tables go between the `<!-- bench:begin -->` / `<!-- bench:end -->` markers of the performance page (the
 prose around them is left alone); plots need matplotlib (`pip install -e ".[bench]"`).
@@ -11,21 +7,14 @@ prose around them is left alone); plots need matplotlib (`pip install -e ".[benc
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import sys
 from pathlib import Path
 
-from tfgen.commands import bench
+from benchmarks.harness import add_roofline
+from benchmarks.peers import PEERS
 
-ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in Path(text).name).strip("-")
 
 
 def merge(runs: list[dict]) -> dict:
@@ -58,14 +47,96 @@ def merge(runs: list[dict]) -> dict:
             if entry.get("first_call"):  # measured again: the later run's fresh processes win
                 target["first_call"] = entry["first_call"]
     for entry in merged["models"]:
-        # The roofline over every bandwidth probe of every run, as one run computes it over its own.
-        bandwidth = [value for cell in entry["cells"] for value in cell["bandwidth_gbs"]]
-        if bandwidth:
-            entry["bandwidth_gbs"] = statistics.median(bandwidth)
-            entry["roofline_tokens_per_s"] = entry["bandwidth_gbs"] * 1e9 / entry["weight_bytes_per_step"]
+        add_roofline(entry)  # over every bandwidth probe of every run, as one run computes it over its own
         entry["cells"].sort(key=lambda cell: (merged["settings"]["batches"].index(cell["batch"]),
                                               merged["settings"]["strategies"].index(cell["strategy"])))
     return merged
+
+
+def _fmt(value, digits=1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def report_tables(results: dict) -> str:
+    """The results as markdown tables: throughput with ratios and roofline, then first call and memory."""
+    libraries = results["settings"]["libraries"]
+    peers = [library for library in libraries if library in PEERS]
+    lines = []
+    for entry in results["models"]:
+        roofline = entry.get("roofline_tokens_per_s")
+        lines += [f"#### {entry['model']} ({entry['parameters'] / 1e6:.1f}M parameters, float32)", ""]
+        if roofline:
+            lines += [
+                f"Batch-1 roofline: {entry['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step at "
+                f"{entry['bandwidth_gbs']:.1f} GB/s (median matrix-vector bandwidth measured between the runs) "
+                f"= **{roofline:.1f} tokens/s**.",
+                "",
+            ]
+        # Cells measured again in a later run (`merge`): one marker per set of libraries.
+        markers = {}
+        for cell in entry["cells"]:
+            if cell.get("remeasured"):
+                markers.setdefault(tuple(cell["remeasured"]), "\\*" * (len(markers) + 1))
+        header = ["strategy", "batch", *libraries, *(f"tfgen ÷ {peer}" for peer in peers)]
+        if roofline:
+            header.append("tfgen % of roofline")
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for cell in entry["cells"]:
+            speed = {lib: cell["results"].get(lib, {}).get("tokens_per_s") for lib in libraries}
+            strategy = cell["strategy"] + (f" {markers[tuple(cell['remeasured'])]}" if cell.get("remeasured") else "")
+            row = [strategy, str(cell["batch"]), *(_fmt(speed[lib]) for lib in libraries)]
+            for peer in peers:
+                both = speed.get("tfgen") and speed.get(peer)
+                row.append(f"{speed['tfgen'] / speed[peer]:.2f}×" if both else "n/a")
+            if roofline:
+                tfgen = speed.get("tfgen")
+                # The roofline is a bound for one token per row per step; beams and candidates read more.
+                one_token = cell["batch"] == 1 and cell["strategy"] in ("greedy", "sample")
+                row.append(f"{100 * tfgen / roofline:.0f}%" if one_token and tfgen else "")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+        for remeasured, marker in markers.items():
+            lines += [
+                f"{marker} measured again in later runs for {', '.join(remeasured)}; the other libraries' figures "
+                "come from the first run (benchmarks/report.py merges runs; docs/performance.md lists which run "
+                "measured what).",
+                "",
+            ]
+        agreements = [
+            (cell, lib, cell["results"][lib]["agreement_with_tfgen"])
+            for cell in entry["cells"] for lib in libraries if "agreement_with_tfgen" in cell["results"].get(lib, {})
+        ]
+        if agreements:
+            lines += [
+                "Token agreement with tfgen (deterministic strategies; mean fraction of new tokens before the "
+                "first difference): "
+                + ", ".join(f"{cell['strategy']}/{cell['batch']} {lib} {100 * a:.0f}%" for cell, lib, a in agreements),
+                "",
+            ]
+        errors = sorted({
+            f"{lib} {cell['strategy']}: {result['error']}"
+            for cell in entry["cells"] for lib, result in cell["results"].items() if "error" in result
+        })
+        if errors:
+            lines += ["Not measured:", "", *(f"- {error}" for error in errors), ""]
+        if entry["first_call"]:
+            strategies = results["settings"]["strategies"]
+            header = ["library", "load s", *(f"first call {s} s" for s in strategies), "peak RSS MB"]
+            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            for library, first in entry["first_call"].items():
+                if "error" in first:
+                    lines.append(f"| {library} | {first['error']} |" + " |" * (len(header) - 2))
+                    continue
+                calls = [_fmt(first["first_call_s"].get(s)) for s in strategies]
+                lines.append(
+                    f"| {library} | {_fmt(first['load_s'])} | " + " | ".join(calls) + f" | {first['peak_rss_mb']:.0f} |"
+                )
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in Path(text).name).strip("-")
 
 
 def plot(results: dict, directory: Path) -> list[Path]:
@@ -128,13 +199,13 @@ def render(results: dict, page: Path, images: list[Path]) -> None:
     block = [
         BEGIN,
         "",
-        f"_Generated by `python tools/bench.py`: prompt {settings['prompt_len']} tokens, {settings['new_tokens']} new "
+        f"_Generated by `python -m benchmarks`: prompt {settings['prompt_len']} tokens, {settings['new_tokens']} new "
         f"tokens, median of {settings['runs']} interleaved runs; {machine['cpus']} CPUs, load average "
         f"{machine['load_average_at_start'][0]:.1f} at start and {machine['load_average_at_end'][0]:.1f} at end; "
         + ", ".join(f"{name} {version}" for name, version in machine["versions"].items())
         + "._",
         "",
-        bench.report_tables(results),
+        report_tables(results),
         *(f"![{image.stem}]({os.path.relpath(image, page.parent)})\n" for image in images),
         END,
     ]
@@ -143,30 +214,3 @@ def render(results: dict, page: Path, images: list[Path]) -> None:
         raise ValueError(f"{page} lacks the {BEGIN} / {END} markers")
     head, rest = text.split(BEGIN, 1)
     page.write_text(head + "\n".join(block) + rest.split(END, 1)[1])
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_arguments(parser)
-    parser.add_argument("--from-json", help="render saved runs (comma-separated --json files) instead of measuring")
-    parser.add_argument("--docs", default=str(ROOT / "docs"), help="where performance.md and the plots go")
-    parser.add_argument("--no-docs", action="store_true", help="print the tables only")
-    options = parser.parse_args(argv)
-    if options.from_json:
-        results = merge([json.loads(Path(path).read_text()) for path in options.from_json.split(",")])
-    else:
-        bench.apply_quick(options)
-        bench.check_options(options)
-        results = bench.run_benchmark(options, log=lambda text: print(text, file=sys.stderr, flush=True))
-        if options.json:
-            Path(options.json).write_text(json.dumps(results, indent=1))
-    print(bench.report_tables(results))
-    if not options.no_docs:
-        docs = Path(options.docs)
-        docs.mkdir(parents=True, exist_ok=True)
-        render(results, docs / "performance.md", plot(results, docs))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

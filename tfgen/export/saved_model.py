@@ -15,20 +15,29 @@ import os
 import shutil
 import tempfile
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
 from tfgen.decoding.common import DecodeInputs
-from tfgen.decoding.strategies import STRATEGIES
-from tfgen.processors import processor_knobs_from_config, processor_spec_from_config
+from tfgen.decoding.loop import generate_all
+from tfgen.decoding.strategies import make_loop
+from tfgen.export.signatures import (
+    DEFAULT_CONTRASTIVE_TOP_K,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NUM_BEAMS,
+    SIGNATURES,
+    ExportChoices,
+    SignatureSpec,
+)
+from tfgen.export.text_graph import InGraphTokenizer
+from tfgen.knobs import KNOBS, declared, padded_token_ids
 from tfgen.random import derive_seeds, philox4x32
+from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
 
 EXPORT_INFO_FILE = "tfgen_export.json"
-# Used when neither the caller nor the generation config sets max_new_tokens (HF's default length of 20).
-DEFAULT_MAX_NEW_TOKENS = 20
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
 _PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)
 _MASK32 = 0xFFFFFFFF
@@ -36,102 +45,6 @@ _MASK32 = 0xFFFFFFFF
 _EXPORTABLE_MODES = (
     GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.CONTRASTIVE_SEARCH,
 )
-# Beams of the beam_search signature and candidates of the contrastive one, unless the export or its
-# generation config says otherwise (HF's contrastive examples use top_k=4).
-DEFAULT_NUM_BEAMS = 4
-DEFAULT_CONTRASTIVE_TOP_K = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class RowInput:
-    """A per-row request tensor `[B, *shape]` and the condition each of its values must meet."""
-
-    dtype: tf.DType
-    shape: tuple = ()
-    is_valid: Optional[Callable[[tf.Tensor], tf.Tensor]] = None
-    requirement: str = ""
-
-
-# Per-row inputs a signature may take besides `input_ids` / `attention_mask`. `max_new_tokens` and `seed` feed
-# the loop's budgets and keys; every other name replaces the processor knob (or strategy knob) of that name.
-ROW_INPUTS: dict[str, RowInput] = {
-    "max_new_tokens": RowInput(tf.int32, is_valid=lambda v: v >= 0, requirement=">= 0"),
-    "seed": RowInput(tf.int32, shape=(2,)),
-    "temperature": RowInput(tf.float32, is_valid=lambda v: v > 0, requirement="> 0"),
-    "top_k": RowInput(tf.int32, is_valid=lambda v: v >= 0, requirement=">= 0 (0 = no top-k)"),
-    "top_p": RowInput(tf.float32, is_valid=lambda v: (v >= 0) & (v <= 1), requirement="in [0, 1] (1 = no top-p)"),
-    "length_penalty": RowInput(tf.float32, is_valid=lambda v: tf.math.is_finite(v), requirement="finite"),
-    "penalty_alpha": RowInput(tf.float32, is_valid=lambda v: (v >= 0) & (v <= 1), requirement="in [0, 1]"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class SignatureSpec:
-    """What one exported signature runs.
-
-    description: one line for `assets.extra/tfgen_export.json` and the docs.
-    generation_options: overrides of the exported GenerationConfig (a dict, or a function of the export's
-        `ExportChoices` returning one); the decoding strategy (`STRATEGIES`) is the mode the result selects.
-    row_inputs: names from `ROW_INPUTS` taken besides `input_ids` and `attention_mask`.
-    processor_overrides: `ProcessorSpec` fields forced on so that the row inputs always apply (a row sending a
-        neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
-    outputs: entries of the decode result returned besides `sequences` and `sequence_lengths`.
-    text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
-    """
-
-    description: str
-    generation_options: dict | Callable[["ExportChoices"], dict] = dataclasses.field(default_factory=dict)
-    row_inputs: tuple[str, ...] = ()
-    processor_overrides: dict = dataclasses.field(default_factory=dict)
-    outputs: tuple[str, ...] = ()
-    text: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ExportChoices:
-    """Static choices of one export that shape its programs: beams of `beam_search`, candidates of `contrastive`."""
-
-    num_beams: int
-    contrastive_top_k: int
-
-
-_ONE_TOKEN_PER_STEP = {"num_beams": 1, "penalty_alpha": None}
-
-SIGNATURES: dict[str, SignatureSpec] = {
-    "serving_default": SignatureSpec("the exported generation config's decoding (sampling keys from the prompt)"),
-    "greedy": SignatureSpec(
-        "greedy search with a per-row budget",
-        generation_options={"do_sample": False, **_ONE_TOKEN_PER_STEP},
-        row_inputs=("max_new_tokens",),
-    ),
-    "sample": SignatureSpec(
-        "multinomial sampling with per-row seed, temperature, top-k, top-p and budget",
-        generation_options={"do_sample": True, **_ONE_TOKEN_PER_STEP},
-        row_inputs=("seed", "temperature", "top_k", "top_p", "max_new_tokens"),
-        processor_overrides={"temperature": True, "top_k": True, "top_k_cap": 0, "top_p": True},
-    ),
-    "beam_search": SignatureSpec(
-        "beam search (beams fixed at export) with per-row length_penalty and budget; returns sequences_scores",
-        generation_options=lambda choices: {
-            "do_sample": False, "num_beams": choices.num_beams, "num_beam_groups": 1, "penalty_alpha": None,
-        },
-        row_inputs=("length_penalty", "max_new_tokens"),
-        outputs=("sequences_scores",),
-    ),
-    "contrastive": SignatureSpec(
-        "contrastive search (top_k candidates fixed at export) with per-row penalty_alpha and budget",
-        generation_options=lambda choices: {
-            "do_sample": False, "num_beams": 1, "top_k": choices.contrastive_top_k,
-            # Any value > 0 selects the mode; each row's own value comes from the penalty_alpha input.
-            "penalty_alpha": 0.5,
-        },
-        row_inputs=("penalty_alpha", "max_new_tokens"),
-    ),
-    "generate_text": SignatureSpec(
-        "serving_default on text: byte-level BPE tokenization in the graph, returns the generated text",
-        text=True,
-    ),
-}
 
 
 def default_row_seeds(input_ids, attention_mask) -> tf.Tensor:
@@ -170,6 +83,7 @@ def export_saved_model(
     tokenizer=None,
     num_beams: Optional[int] = None,
     contrastive_top_k: Optional[int] = None,
+    stop_strings: Optional[Sequence[str]] = None,
 ) -> str:
     """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
 
@@ -184,10 +98,13 @@ def export_saved_model(
         jit_compile: True compiles the loop with XLA (TF Serving must then run with XLA enabled, see
             `docs/serving.md`); False exports a plain TF graph that runs on any TF Serving build.
         signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given).
-        tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`).
+        tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`), and
+            the tokenizer stop strings are matched with.
         num_beams: beams of the `beam_search` signature (default: the config's `num_beams` when above 1, else 4).
         contrastive_top_k: candidates per step of the `contrastive` signature (default: the config's `top_k` when
             the config selects contrastive search, else 4).
+        stop_strings: strings that end a row in every signature (HF's rules; default: the config's
+            `stop_strings`), fixed at export; needs `tokenizer`.
 
     Returns the version directory. It is written under a temporary name and renamed when complete, so TF
     Serving polling `export_dir` never loads a half-written version.
@@ -199,12 +116,10 @@ def export_saved_model(
     if os.path.exists(version_dir):
         raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
     names = _signature_names(signatures, tokenizer is not None)
-    config = _export_config(model, generation_config)
+    config = _export_config(model, generation_config, stop_strings)
     buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
     choices = _export_choices(config, num_beams, contrastive_top_k)
-    exporter = _Exporter(
-        model, config, buffer_new_tokens, jit_compile, tokenizer if "generate_text" in names else None, choices
-    )
+    exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer, "generate_text" in names, choices)
     functions = {name: exporter.concrete_function(SIGNATURES[name]) for name in names}
     if not jit_compile:
         xla_ops = _xla_only_ops(functions.values())
@@ -249,17 +164,20 @@ def _signature_names(signatures, has_tokenizer: bool) -> list[str]:
     return names
 
 
-def _export_config(model, generation_config) -> GenerationConfig:
-    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
-        raise TypeError(f"generation_config must be a tfgen.GenerationConfig, got {type(generation_config).__name__}")
-    config = generation_config or getattr(model, "generation_config", None)
-    if config is None:
-        config = GenerationConfig.from_model_config(model.config)
+def _export_config(model, generation_config, stop_strings) -> GenerationConfig:
+    config = base_config(model, generation_config)
+    if stop_strings is not None:
+        config.update(stop_strings=list(stop_strings) if not isinstance(stop_strings, str) else stop_strings)
+    if config.max_time is not None:
+        raise ValueError(
+            "max_time: an exported signature runs the whole loop in one call, with no clock to check between "
+            "steps; bound requests with the server's timeout instead (unset max_time to export)."
+        )
     if int(config.num_return_sequences or 1) != 1:
         raise ValueError(
             "generation_config: num_return_sequences must be 1 in an export (send a prompt once per sample wanted)"
         )
-    return config.copy()
+    return config
 
 
 def _export_choices(config: GenerationConfig, num_beams, contrastive_top_k) -> ExportChoices:
@@ -340,7 +258,7 @@ class _Exporter:
 
     def __init__(
         self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer,
-        choices: ExportChoices,
+        text_signature: bool, choices: ExportChoices,
     ):
         self.model = model if jit_compile else _WithoutStaticTokenCount(model)
         self.config = config
@@ -349,15 +267,12 @@ class _Exporter:
         self.buffer_new_tokens = buffer_new_tokens
         self.jit_compile = jit_compile
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
-        eos_ids = config.eos_token_ids()
-        pad_token_id = config.pad_token_id
-        # HF's convention for models without a pad token, as in generate().
-        self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
-        self.eos_vector = np.full([max(4, -(-len(eos_ids) // 4) * 4)], -1, np.int32)
-        self.eos_vector[: len(eos_ids)] = eos_ids
+        self.pad_token_id = pad_token_id_of(config)
+        self.eos_vector = padded_token_ids(config.eos_token_ids())
         self.module = tf.Module()
         self.module.model_variables = _model_variables(model)
-        self.text = None if tokenizer is None else _InGraphTokenizer(tokenizer, self.vocab_size)
+        self.tokenizer = tokenizer
+        self.text = InGraphTokenizer(tokenizer, self.vocab_size) if text_signature else None
         self.module.text_tokenizer = None if self.text is None else self.text.layer
         self._decoders = {}
 
@@ -371,8 +286,7 @@ class _Exporter:
                 name: tf.TensorSpec([None, None], tf.int32, name=name) for name in ("input_ids", "attention_mask")
             }
         for name in spec.row_inputs:
-            row_input = ROW_INPUTS[name]
-            input_specs[name] = tf.TensorSpec([None, *row_input.shape], row_input.dtype, name=name)
+            input_specs[name] = tf.TensorSpec([None, *declared(name).row_shape], _wire_dtype(name), name=name)
 
         def serve(inputs):
             if spec.text:
@@ -407,48 +321,39 @@ class _Exporter:
             conditions.append((tf.reduce_all(real_tokens <= self.max_positions),
                                f"input_ids: a prompt has more tokens than the model's {self.max_positions} positions"))
         for name in row_inputs:
-            row_input, values = ROW_INPUTS[name], inputs[name]
+            knob, values = declared(name), inputs[name]
             conditions.append((tf.equal(tf.shape(values)[0], batch_size), f"{name} must have one row per prompt"))
-            if row_input.is_valid is not None:
-                conditions.append(
-                    (tf.reduce_all(row_input.is_valid(values)), f"{name} must be {row_input.requirement}")
-                )
+            if knob.valid is not None:
+                conditions.append((tf.reduce_all(knob.valid(values)), f"{name} must be {knob.requirement}"))
         return [tf.debugging.Assert(condition, [message]) for condition, message in conditions]
 
-    def _decoder(self, spec: SignatureSpec):
-        """`(input_ids, attention_mask, row_inputs) -> outputs` for the spec's decoding, traced once per
+    def _decoder(self, signature: SignatureSpec):
+        """`(input_ids, attention_mask, row_inputs) -> outputs` for the signature's decoding, traced once per
         distinct program (signatures decoding alike share one, and so one XLA compilation per shape)."""
         with warnings.catch_warnings():
             # Options the override makes irrelevant (e.g. temperature under greedy) are not the caller's doing.
             warnings.simplefilter("ignore", UserWarning)
             config = self.config.copy()
-            options = spec.generation_options
-            config.update(**(options(self.choices) if callable(options) else options))
+            config.update(**signature.options(self.choices))
         mode = config.get_generation_mode()
         if mode not in _EXPORTABLE_MODES:
             raise ValueError(
                 f"generation_config: mode {mode.value!r} cannot be exported yet; these can: "
                 f"{', '.join(m.value for m in _EXPORTABLE_MODES)}"
             )
-        strategy = STRATEGIES[mode]
-        processor_spec = dataclasses.replace(
-            processor_spec_from_config(config, self.vocab_size, num_beams=int(config.num_beams)),
-            **spec.processor_overrides,
+        # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
+        knobs = knob_values(config, 1, self.vocab_size)
+        spec = decode_spec(
+            config, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
+            processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,
         )
-        static_options = strategy.static_options(config)
-        knobs, per_row = _knob_layout(config, strategy, self.vocab_size)
-        key = (mode, tuple(sorted(static_options.items())), processor_spec,
-               tuple((name, value.shape, str(value.dtype), name in per_row) for name, value in sorted(knobs.items())))
-        if key not in self._decoders:
-            self._decoders[key] = tf.function(
-                lambda inputs: strategy.decode(
-                    self.model, inputs, buffer_new_tokens=self.buffer_new_tokens, processor_spec=processor_spec,
-                    user_processors=(), output_scores=False, output_logits=False, **static_options,
-                ),
+        if spec not in self._decoders:
+            self._decoders[spec] = tf.function(
+                lambda inputs: generate_all(make_loop(self.model, spec), inputs),
                 jit_compile=self.jit_compile,
                 autograph=False,
             )
-        decode = self._decoders[key]
+        decode = self._decoders[spec]
 
         def run(input_ids, attention_mask, row_inputs: dict) -> dict:
             batch_size, width = tf.unstack(tf.shape(input_ids))
@@ -458,7 +363,7 @@ class _Exporter:
                 budgets = tf.minimum(budgets, self.max_positions - tf.reduce_sum(attention_mask, axis=1))
             run_knobs = {
                 name: tf.cast(row_inputs[name], value.dtype) if name in row_inputs
-                else tf.repeat(tf.constant(value), batch_size, axis=0) if name in per_row
+                else tf.repeat(tf.constant(value), batch_size, axis=0) if KNOBS[name].per_row
                 else tf.constant(value)
                 for name, value in knobs.items()
             }
@@ -474,96 +379,13 @@ class _Exporter:
                 eos_token_ids=tf.constant(self.eos_vector),
                 knobs=run_knobs,
             ))
-            lengths = width + _generated_counts(result["sequences"][:, width:], budgets, self.eos_vector)
-            return {**result, "sequence_lengths": lengths}
+            return {**result, "sequence_lengths": width + result["generated_lengths"]}
 
         return run
 
 
-def _knob_layout(config: GenerationConfig, strategy, vocab_size: int) -> tuple[dict, set]:
-    """The knob values for one row (per-row knobs `[1, ...]`), and which knobs are per row."""
-
-    def knobs(batch_size):
-        return {
-            **processor_knobs_from_config(config, batch_size, vocab_size),
-            **strategy.runtime_knobs(config, batch_size),
-        }
-
-    one, two = knobs(1), knobs(2)
-    per_row = {name for name in one if one[name].shape[:1] == (1,) and two[name].shape[:1] == (2,)}
-    return one, per_row
-
-
-def _generated_counts(generated: tf.Tensor, budgets: tf.Tensor, eos_vector: np.ndarray) -> tf.Tensor:
-    """int32 `[B]`: new tokens per row up to and including its first eos (`generated` `[B, N]`, pad after)."""
-    steps = tf.range(tf.shape(generated)[1])
-    is_eos = tf.reduce_any(generated[:, :, None] == eos_vector[None, None, :], axis=-1)
-    eos = is_eos & (steps[None, :] < budgets[:, None])
-    first_eos = tf.argmax(tf.cast(eos, tf.int32), axis=1, output_type=tf.int32) + 1
-    return tf.where(tf.reduce_any(eos, axis=1), first_eos, budgets)
-
-
-class _InGraphTokenizer:
-    """A byte-level BPE `tfgen.Tokenizer` as TF ops (keras-hub's BytePairTokenizer, TF Text's regex split)."""
-
-    def __init__(self, tokenizer, vocab_size: int):
-        try:
-            import keras_hub
-        except ImportError as error:
-            raise ImportError(
-                "the generate_text signature tokenizes with keras-hub's BytePairTokenizer: pip install 'tfgen[text]'"
-            ) from error
-        with tempfile.TemporaryDirectory() as directory:
-            tokenizer.save_pretrained(directory)
-            with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as file:
-                definition = json.load(file)
-        model, pre_tokenizer = definition.get("model") or {}, definition.get("pre_tokenizer") or {}
-        unsupported = {
-            "model": model.get("type") != "BPE" or any(model.get(k) for k in (
-                "dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback", "ignore_merges")),
-            "pre_tokenizer": pre_tokenizer.get("type") != "ByteLevel" or not pre_tokenizer.get("use_regex", True),
-            "normalizer": definition.get("normalizer") is not None,
-            "post_processor": (definition.get("post_processor") or {"type": "ByteLevel"})["type"] != "ByteLevel",
-        }
-        if any(unsupported.values()):
-            raise ValueError(
-                "tokenizer: generate_text supports GPT-2 style byte-level BPE only (BPE model, ByteLevel pre-tokenizer"
-                f" with its regex, no normalizer, no added bos/eos); this one differs in: "
-                f"{', '.join(name for name, bad in unsupported.items() if bad)}. Export without generate_text "
-                "(tfgen export --no-text) and tokenize on the client."
-            )
-        added = definition.get("added_tokens") or []
-        vocabulary = {**model["vocab"], **{token["content"]: token["id"] for token in added}}
-        if max(vocabulary.values()) >= vocab_size:
-            raise ValueError(f"tokenizer: its ids go up to {max(vocabulary.values())}, the model has {vocab_size}")
-        special = [token for token in added if token.get("special")]
-        self.layer = keras_hub.tokenizers.BytePairTokenizer(
-            vocabulary=vocabulary,
-            merges=[merge if isinstance(merge, str) else " ".join(merge) for merge in model["merges"]],
-            add_prefix_space=bool(pre_tokenizer.get("add_prefix_space", False)),
-            unsplittable_tokens=[token["content"] for token in special],
-            dtype="int32",
-        )
-        self.special_ids = np.array([token["id"] for token in special] or [-1], np.int32)
-        self.pad_token_id = tokenizer.pad_token_id or 0
-
-    def encode(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Left-padded int32 `[B, T]` ids and mask for string `[B]` text."""
-        ragged = self.layer.tokenize(text)
-        lengths = tf.cast(ragged.row_lengths(), tf.int32)
-        width = tf.maximum(tf.reduce_max(lengths), 1)
-        right_padded = ragged.to_tensor(default_value=self.pad_token_id)
-        source = tf.range(width)[None, :] - (width - lengths)[:, None]
-        mask = source >= 0
-        ids = tf.gather(right_padded, tf.maximum(source, 0), batch_dims=1)
-        return tf.where(mask, ids, self.pad_token_id), tf.cast(mask, tf.int32)
-
-    def decode(self, sequences: tf.Tensor, width: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
-        """string `[B]`: each row's generated tokens (special tokens skipped) as valid UTF-8."""
-        generated = sequences[:, width:]
-        steps = tf.range(tf.shape(generated)[1])
-        special = tf.reduce_any(generated[:, :, None] == self.special_ids[None, None, :], axis=-1)
-        keep = (steps[None, :] < (lengths - width)[:, None]) & ~special
-        text = self.layer.detokenize(tf.ragged.boolean_mask(generated, keep))
-        # Byte-level tokens can end inside a UTF-8 character; JSON clients need valid text.
-        return tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace")
+def _wire_dtype(name: str) -> tf.DType:
+    """The dtype of a per-row input in a signature: the knob's, except float64 knobs (`length_penalty`,
+    `penalty_alpha`) travel as float32, which every TF Serving client sends."""
+    dtype = tf.as_dtype(declared(name).dtype)
+    return tf.float32 if dtype == tf.float64 else dtype

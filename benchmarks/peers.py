@@ -1,0 +1,214 @@
+"""What is benchmarked: the same requests in every library, and one runner per library.
+
+The peers are HF transformers' TF `generate` under `tf.function(jit_compile=True)` (`hf-tf`), keras-hub's
+`GPT2CausalLM.generate` (`keras-hub`) and HF transformers' PyTorch `generate` (`hf-torch`); install them with
+`pip install -e ".[bench]"`. Every library loads the same HF-layout checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import numpy as np
+
+LIBRARIES = ("tfgen", "tfgen-bf16", "hf-tf", "keras-hub", "hf-torch")
+DEFAULT_LIBRARIES = ("tfgen", "hf-tf", "keras-hub", "hf-torch")
+PEERS = ("hf-tf", "keras-hub", "hf-torch")
+
+# The same request in every library: HF generate keywords, and the keras-hub sampler that decodes alike.
+BENCH_REQUESTS: dict[str, dict] = {
+    "greedy": {"do_sample": False},
+    "sample": {"do_sample": True, "top_k": 50, "top_p": 0.9},
+    "beam": {"do_sample": False, "num_beams": 4},
+    "contrastive": {"do_sample": False, "penalty_alpha": 0.6, "top_k": 4},
+}
+# The requests whose tokens every library should agree on.
+DETERMINISTIC = ("greedy", "beam", "contrastive")
+
+
+def bench_prompt(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
+    """The prompts of every library's requests: random token ids, int32 `[batch, prompt_len]`, seeded by
+    `batch` so every run and process asks the same."""
+    return np.random.default_rng(batch).integers(1, vocab_size, (batch, prompt_len)).astype(np.int32)
+
+
+class Unavailable(Exception):
+    """A library (or one of its strategies) cannot run here; the message says why."""
+
+
+def short_error(error: BaseException) -> str:
+    """One line of at most 300 characters for a report: the message of an `Unavailable`, else type and message."""
+    text = f"{type(error).__name__}: {error}" if not isinstance(error, Unavailable) else str(error)
+    return " ".join(text.split())[:300]
+
+
+class Runner:
+    """One library holding one model. `generate(strategy, input_ids)` takes int `[B, P]` prompts and returns
+    the `new_tokens` generated tokens, int `[B, new_tokens]`."""
+
+    def __init__(self, checkpoint: str, new_tokens: int):
+        self.checkpoint, self.new_tokens = checkpoint, new_tokens
+
+    def generate(self, strategy: str, input_ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class TfgenRunner(Runner):
+    """tfgen's `AutoModelForCausalLM.generate` (XLA-compiled) with its default float32 weights."""
+
+    dtype = None
+
+    def __init__(self, checkpoint, new_tokens):
+        super().__init__(checkpoint, new_tokens)
+        from tfgen.models.auto import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.dtype)
+
+    def generate(self, strategy, input_ids):
+        seed = [0, 0] if BENCH_REQUESTS[strategy]["do_sample"] else None
+        try:
+            out = self.model.generate(
+                input_ids,
+                attention_mask=np.ones_like(input_ids),
+                max_new_tokens=self.new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+                seed=seed,
+                **BENCH_REQUESTS[strategy],
+            )
+        except ValueError as error:
+            if "not available" in str(error):
+                raise Unavailable(str(error)) from None
+            raise
+        return np.asarray(out)[:, input_ids.shape[1] :]
+
+
+class TfgenBf16Runner(TfgenRunner):
+    """tfgen with bfloat16 weights and compute (`from_pretrained(..., dtype="bfloat16")`)."""
+
+    dtype = "bfloat16"
+
+
+class HfTfRunner(Runner):
+    """HF transformers' `TFGPT2LMHeadModel.generate` under `tf.function(jit_compile=True)`."""
+
+    def __init__(self, checkpoint, new_tokens):
+        super().__init__(checkpoint, new_tokens)
+        import tensorflow as tf
+
+        transformers = _quiet_transformers()
+        try:
+            self.model = transformers.TFGPT2LMHeadModel.from_pretrained(checkpoint, from_pt=True)
+        except Exception as error:  # noqa: BLE001 - any failure of the TF path is reported, not fatal
+            raise Unavailable(f"TFGPT2LMHeadModel.from_pretrained failed: {type(error).__name__}: {error}") from None
+        self.tf = tf
+        # HF's documented XLA recipe: one traced program per input shape and generation options.
+        self.xla_generate = tf.function(self.model.generate, jit_compile=True)
+
+    def generate(self, strategy, input_ids):
+        options = dict(BENCH_REQUESTS[strategy])
+        if options["do_sample"]:
+            options["seed"] = [0, 0]  # stateless sampling, the XLA-compatible path
+        ids = self.tf.constant(input_ids)
+        out = self.xla_generate(
+            ids,
+            attention_mask=self.tf.ones_like(ids),
+            max_new_tokens=self.new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+            **options,
+        )
+        return out.numpy()[:, input_ids.shape[1] :]
+
+
+class KerasHubRunner(Runner):
+    """keras-hub's `GPT2CausalLM.generate` with the sampler that decodes like each request."""
+
+    def __init__(self, checkpoint, new_tokens):
+        super().__init__(checkpoint, new_tokens)
+        self.keras_hub = _import_peer("keras_hub", "keras-hub")
+        # keras-hub converts HF-layout GPT-2 checkpoints itself when given their directory.
+        self.backbone = self.keras_hub.models.GPT2Backbone.from_preset(checkpoint)
+        self.models = {}  # one CausalLM per strategy: compile(sampler=) would drop the compiled function
+
+    def _model(self, strategy):
+        if strategy not in self.models:
+            samplers = self.keras_hub.samplers
+            sampler = {
+                "greedy": lambda: samplers.GreedySampler(),
+                "sample": lambda: samplers.TopPSampler(p=0.9, k=50, seed=0),
+                "beam": lambda: samplers.BeamSampler(num_beams=4),
+                "contrastive": lambda: samplers.ContrastiveSampler(k=4, alpha=0.6),
+            }[strategy]()
+            model = self.keras_hub.models.GPT2CausalLM(backbone=self.backbone, preprocessor=None)
+            model.compile(sampler=sampler)
+            self.models[strategy] = model
+        return self.models[strategy]
+
+    def generate(self, strategy, input_ids):
+        batch, prompt_len = input_ids.shape
+        # keras-hub generates into the unmasked slots of a fixed-length buffer.
+        token_ids = np.zeros((batch, prompt_len + self.new_tokens), np.int32)
+        token_ids[:, :prompt_len] = input_ids
+        padding_mask = np.zeros(token_ids.shape, bool)
+        padding_mask[:, :prompt_len] = True
+        out = self._model(strategy).generate({"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None)
+        return np.asarray(out["token_ids"])[:, prompt_len:]
+
+
+class HfTorchRunner(Runner):
+    """HF transformers' PyTorch `GPT2LMHeadModel.generate`, on the CPU."""
+
+    def __init__(self, checkpoint, new_tokens):
+        super().__init__(checkpoint, new_tokens)
+        self.torch = _import_peer("torch", "torch")
+        transformers = _quiet_transformers()
+        self.model = transformers.GPT2LMHeadModel.from_pretrained(checkpoint).eval()
+
+    def generate(self, strategy, input_ids):
+        torch = self.torch
+        torch.manual_seed(0)
+        ids = torch.tensor(input_ids, dtype=torch.long)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # contrastive search's "moving to the Hub" notice
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=self.new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+                **BENCH_REQUESTS[strategy],
+            )
+        return out.numpy()[:, input_ids.shape[1] :]
+
+
+RUNNERS = {
+    "tfgen": TfgenRunner,
+    "tfgen-bf16": TfgenBf16Runner,
+    "hf-tf": HfTfRunner,
+    "keras-hub": KerasHubRunner,
+    "hf-torch": HfTorchRunner,
+}
+
+
+def _import_peer(module: str, package: str):
+    """`import module`; raises `Unavailable` naming `package` and the extra that installs it when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise Unavailable(f'{package} is not installed (pip install -e ".[bench]")') from None
+
+
+def _quiet_transformers():
+    transformers = _import_peer("transformers", "transformers")
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def load_runner(library: str, checkpoint: str, new_tokens: int) -> Runner:
+    """`library`'s runner holding `checkpoint`; raises `Unavailable` when the library cannot be imported."""
+    try:
+        return RUNNERS[library](checkpoint, new_tokens)
+    except ImportError as error:
+        raise Unavailable(f"{library}: {error}") from None

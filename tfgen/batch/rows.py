@@ -1,0 +1,203 @@
+"""Input rows: the checks every row must pass, and the compact table of the valid ones (numpy only).
+
+Records come from `tfgen.batch.inputs` as `(number, record)` pairs, a record being a dict `{"id", "prompt" |
+"input_ids"}` or an `Unreadable`; `build_table` validates and tokenizes them in one pass and reports every bad
+row, not just the first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+# Rows tokenized per tokenizer call: large enough for the tokenizer's batch speed, small enough to keep the
+# texts of one chunk (not the whole input) in memory.
+_TOKENIZE_CHUNK = 1024
+# Bad rows named in a message; the rest are counted (a file job writes them all to its skipped-rows file).
+_SHOWN_BAD_ROWS = 20
+
+
+def id_key(row_id) -> str:
+    """Canonical text of an id: 1 and "1" stay different ids."""
+    return json.dumps(row_id, ensure_ascii=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRow:
+    """An input row that cannot be generated: its position (`unit` "line", "record" or "index", `number`),
+    its id when it has a usable one, and why."""
+
+    number: int
+    id: Any
+    reason: str
+    unit: str = "line"
+
+    def __str__(self) -> str:
+        return f"{self.unit} {self.number}: {self.reason}"
+
+    def to_json(self) -> dict:
+        return {self.unit: self.number, "id": self.id, "error": self.reason}
+
+
+class Unreadable(NamedTuple):
+    """A record that could not even be parsed (bad JSON, not a tf.train.Example)."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRules:
+    """What a valid row needs: token ids inside the vocabulary and short enough for the model."""
+
+    vocab_size: int
+    max_prompt_tokens: Optional[int]
+    max_new_tokens: int
+    bos_token_id: Optional[int]
+    tokenizer: Any
+    unit: str
+
+
+@dataclasses.dataclass
+class PromptTable:
+    """The valid rows of an input, in input order.
+
+    ids: each row's id as given (str or int). tokens: int32 `[total]`, every prompt's token ids back to back.
+    offsets: int64 `[n + 1]`; row `i` is `tokens[offsets[i]:offsets[i + 1]]`.
+    """
+
+    ids: list
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 `[n]` prompt lengths."""
+        return np.diff(self.offsets)
+
+    def prompt(self, row: int) -> np.ndarray:
+        """int32 `[length]`: the token ids of row `row`."""
+        return self.tokens[self.offsets[row] : self.offsets[row + 1]]
+
+    def fingerprint(self) -> str:
+        """sha256 of the ids and token ids: two inputs with the same fingerprint produce the same output."""
+        digest = hashlib.sha256()
+        digest.update("\n".join(id_key(row_id) for row_id in self.ids).encode())
+        digest.update(self.offsets.astype("<i8").tobytes())
+        digest.update(self.tokens.astype("<i4").tobytes())
+        return digest.hexdigest()
+
+
+def _check_record(record, rules: RowRules) -> tuple[Optional[str], Any]:
+    """Returns (what is wrong or None, the row id or None) for one parsed record."""
+    if isinstance(record, Unreadable):
+        return record.reason, None
+    if not isinstance(record, dict):
+        return f"expected an object with 'id' and 'prompt' or 'input_ids', got {type(record).__name__}", None
+    if "id" not in record:
+        return "missing 'id'", None
+    row_id = record["id"]
+    if isinstance(row_id, bool) or not isinstance(row_id, (int, str)):
+        return f"'id' must be a string or an integer, got {row_id!r}", None
+    if ("prompt" in record) == ("input_ids" in record):
+        return "needs exactly one of 'prompt' (text) and 'input_ids' (token ids)", row_id
+    if "prompt" in record:
+        if not isinstance(record["prompt"], str):
+            return f"'prompt' must be a string, got {type(record['prompt']).__name__}", row_id
+        if rules.tokenizer is None:
+            return "has a text 'prompt' but no tokenizer was given (pass one, or give 'input_ids')", row_id
+        return None, row_id
+    ids = record["input_ids"]
+    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        return "'input_ids' must be a list of integers", row_id
+    return None, row_id
+
+
+def _check_tokens(tokens: list, rules: RowRules) -> tuple[Optional[str], list]:
+    """Returns (what is wrong or None, the prompt ids to use); an empty prompt starts from bos."""
+    outside = [t for t in tokens if not 0 <= t < rules.vocab_size]
+    if outside:
+        return f"token id {outside[0]} is outside the vocabulary [0, {rules.vocab_size})", tokens
+    if not tokens:
+        if rules.bos_token_id is None:
+            return "the prompt is empty and the model has no bos_token_id to start from", tokens
+        tokens = [rules.bos_token_id]
+    if rules.max_prompt_tokens is not None and len(tokens) > rules.max_prompt_tokens:
+        return (
+            f"the prompt has {len(tokens)} tokens; with max_new_tokens={rules.max_new_tokens} the model's "
+            f"{rules.max_prompt_tokens + rules.max_new_tokens} positions leave room for {rules.max_prompt_tokens}"
+        ), tokens
+    return None, tokens
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of `size` consecutive items (the last one shorter)."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def build_table(records: Iterable[tuple[int, Any]], rules: RowRules) -> tuple[PromptTable, list[BadRow]]:
+    """Validates and tokenizes `(number, record)` pairs (records are dicts or `Unreadable`) in input order.
+
+    Every problem is collected (none stops the scan), so one pass reports all bad rows, sorted by number. Ids
+    must be unique across the whole input; a repeated id is bad even when its first row was bad for another
+    reason.
+    """
+    ids, prompts, bad = [], [], []
+    first_seen: dict[str, int] = {}
+    for chunk in _chunks(records, _TOKENIZE_CHUNK):
+        accepted = []
+        for number, record in chunk:
+            problem, row_id = _check_record(record, rules)
+            if row_id is not None and problem is None:
+                key = id_key(row_id)
+                if key in first_seen:
+                    problem = f"duplicate id {row_id!r} (first on {rules.unit} {first_seen[key]})"
+                else:
+                    first_seen[key] = number
+            if problem is None:
+                accepted.append((number, row_id, record))
+            else:
+                bad.append(BadRow(number, row_id, problem, rules.unit))
+        texts = [record["prompt"] for _, _, record in accepted if "prompt" in record]
+        encoded = iter(rules.tokenizer(texts, padding=False, return_tensors=None)["input_ids"] if texts else ())
+        for number, row_id, record in accepted:
+            problem, tokens = _check_tokens(next(encoded) if "prompt" in record else record["input_ids"], rules)
+            if problem is None:
+                ids.append(row_id)
+                prompts.append(np.asarray(tokens, np.int32))
+            else:
+                bad.append(BadRow(number, row_id, problem, rules.unit))
+    bad.sort(key=lambda row: row.number)
+    lengths = np.array([len(p) for p in prompts], np.int64)
+    table = PromptTable(
+        ids=ids,
+        tokens=np.concatenate(prompts) if prompts else np.zeros([0], np.int32),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+    )
+    return table, bad
+
+
+def list_bad_rows(bad: Sequence[BadRow]) -> str:
+    """One indented line per bad row ("  line 5: ..."), the first 20, then how many more there are."""
+    shown = "\n".join(f"  {row}" for row in bad[:_SHOWN_BAD_ROWS])
+    more = f"\n  ... and {len(bad) - _SHOWN_BAD_ROWS} more" if len(bad) > _SHOWN_BAD_ROWS else ""
+    return shown + more
+
+
+def bad_rows_message(bad: Sequence[BadRow], source: str) -> str:
+    """The error message of an input (`source`) refused for its bad rows."""
+    return f"{source}: {len(bad)} bad row(s), nothing was generated:\n{list_bad_rows(bad)}"

@@ -1,0 +1,219 @@
+"""The distributed runner: generates the planned groups of a `PromptTable` on every replica of a `tf.distribute`
+strategy with generate()'s own compiled programs, and shapes the results into output records."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tfgen.batch.options import DEFAULT_MAX_NEW_TOKENS, WINDOW_GROUPS
+from tfgen.batch.planning import Group, check_job_seed, plan_window, row_seeds, steps, windows
+from tfgen.batch.rows import PromptTable, RowRules
+from tfgen.config import GenerationConfig
+from tfgen.programs import announce_compile, generate_program
+from tfgen.request import DEFAULT_BUCKETS, Request, pad_token_id_of, prepare_request, resolve_config
+
+# generate() arguments that a batch job sets itself, or whose meaning depends on how rows were padded together.
+_JOB_CONTROLLED_OPTIONS = {
+    "input_ids": "rows come from `prompts`",
+    "attention_mask": "rows come from `prompts`",
+    "max_length": "it counts the padded prompt, which depends on the batch; use max_new_tokens",
+    "jit_compile": "batch jobs always run the compiled program",
+}
+
+
+def _resolve_job_config(model, generation_config, generate_kwargs) -> GenerationConfig:
+    """The job's config: `generation_config` (or the model's) updated with `generate_kwargs`, with
+    `max_new_tokens` set; raises for options a batch job cannot honour per row."""
+    for name, why in _JOB_CONTROLLED_OPTIONS.items():
+        if name in generate_kwargs:
+            raise ValueError(f"{name}: not a batch option ({why}).")
+    config = resolve_config(model, generation_config, generate_kwargs).config
+    if config.min_length:
+        raise ValueError(
+            f"min_length={config.min_length} counts the padded prompt, which depends on the batch; use min_new_tokens."
+        )
+    if (config.num_return_sequences or 1) != 1:
+        raise ValueError("num_return_sequences: a batch job writes one continuation per row; repeat rows instead.")
+    for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
+        if getattr(config, flag):
+            raise ValueError(f"{flag}: a batch job writes ids and text only.")
+    if config.max_new_tokens is None:
+        config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+    return config
+
+
+def _backing_variable(variable):
+    # Keras 3 variables wrap the tf.Variable (a MirroredVariable etc. under a strategy) in `.value`.
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def _model_digest(model) -> str:
+    """A cheap identity of the weights (names, shapes and the first values of each floating-point variable), to
+    refuse resuming a job with another model. Integer state such as a dropout seed differs per process."""
+    digest = hashlib.sha256()
+    for variable in model.variables:
+        value = np.asarray(variable.numpy())
+        if value.dtype.kind != "f":
+            continue
+        digest.update(f"{getattr(variable, 'path', variable.name)}{value.shape}{value.dtype}".encode())
+        digest.update(np.ascontiguousarray(value.reshape(-1)[:64]).tobytes())
+    return digest.hexdigest()
+
+
+class BatchRunner:
+    """Runs the planned groups of a `PromptTable` on the replicas of a strategy and shapes the results.
+
+    `around_compile`: a factory of a context manager entered around a step whose program compiles (a progress
+    bar steps out of the way of the compile notice); default: nothing.
+    """
+
+    def __init__(self, model, strategy, generation_config, tokenizer, batch_size, window, seed, generate_kwargs):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        window = WINDOW_GROUPS * batch_size if window is None else window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer (rows), got {window!r}")
+        self.strategy = strategy or tf.distribute.get_strategy()
+        if not all(self.strategy.extended.variable_created_in_scope(_backing_variable(v)) for v in model.variables):
+            raise ValueError(
+                "model: its weights were not created under this strategy's scope; build or load the model inside "
+                "`with strategy.scope():` so that every replica holds a copy."
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.window = window
+        self.job_seed = check_job_seed(seed)
+        self.config = _resolve_job_config(model, generation_config, generate_kwargs)
+        self.max_new_tokens = int(self.config.max_new_tokens)
+        self.eos_ids = self.config.eos_token_ids()
+        self.pad_id = pad_token_id_of(self.config)
+        self.buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
+        self.replicas = self.strategy.num_replicas_in_sync
+        self._step_functions: dict = {}
+        self.around_compile = contextlib.nullcontext
+        # Preparing one row now surfaces every option error (unsupported mode, bad values) before any input is read.
+        self._request(None, None, self.buckets.prompt_length(1))
+
+    def rules(self, unit: str) -> RowRules:
+        """What a row of this job must satisfy; `unit` names row positions in messages ("line", "index", ...)."""
+        max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        return RowRules(
+            vocab_size=int(self.model.config.vocab_size),
+            max_prompt_tokens=None if max_positions is None else int(max_positions) - self.max_new_tokens,
+            max_new_tokens=self.max_new_tokens,
+            bos_token_id=self.config.bos_token_id,
+            tokenizer=self.tokenizer,
+            unit=unit,
+        )
+
+    def settings(self) -> dict:
+        """Everything besides the input that decides the output (a resumed job must match it exactly)."""
+        return {
+            "model": _model_digest(self.model),
+            "generation_config": json.loads(self.config.to_json_string()),
+            "seed": self.job_seed.tolist(),
+            "batch_size": self.batch_size,
+            "window": self.window,
+            "buckets": dataclasses.asdict(self.buckets),
+        }
+
+    def windows(self, table: PromptTable, first_row: int = 0) -> Iterator[tuple[int, list[dict]]]:
+        """Yields `(start, results)` per window from the one holding `first_row`; `results` are the output
+        records of rows `[start, start + len(results))` in input order."""
+        lengths = table.lengths
+        for start, stop in windows(len(table), self.window, first_row):
+            new_tokens: list = [None] * (stop - start)
+            for step in steps(plan_window(lengths, start, stop, self.batch_size, self.buckets), self.replicas):
+                for group, tokens in zip(step, self._run_step(table, step)):
+                    for row, row_tokens in zip(group.rows if group is not None else (), tokens):
+                        new_tokens[row - start] = row_tokens
+            yield start, self._records(table, start, new_tokens)
+
+    def _records(self, table: PromptTable, start: int, new_tokens: list) -> list[dict]:
+        """Output records of rows `start, start + 1, ...` from their new tokens (int32 `[max_new_tokens]` each)."""
+        finished = [self._trim(tokens) for tokens in new_tokens]
+        token_lists = [tokens for tokens, _ in finished]
+        texts = (
+            self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
+            if self.tokenizer is not None
+            else [None] * len(token_lists)
+        )
+        return [
+            {"id": table.ids[start + offset], "text": text, "token_ids": tokens, "finish_reason": reason}
+            for offset, (text, (tokens, reason)) in enumerate(zip(texts, finished))
+        ]
+
+    def _trim(self, tokens: np.ndarray) -> tuple[list, str]:
+        """The generated ids up to and including the first eos, and why the row stopped."""
+        hits = np.flatnonzero(np.isin(tokens, self.eos_ids)) if self.eos_ids else ()
+        if len(hits):
+            return tokens[: hits[0] + 1].tolist(), "eos"
+        return tokens.tolist(), "length"
+
+    def _request(self, table: Optional[PromptTable], group: Optional[Group], width: int) -> Request:
+        """The generate request of one group at `width` columns (`None`: a filler group whose rows generate
+        nothing), every row with `max_new_tokens` to generate but the filler rows, which get 0."""
+        rows = group.rows if group is not None else ()
+        ids = np.full((self.batch_size, width), self.pad_id, np.int32)
+        mask = np.zeros((self.batch_size, width), np.int32)
+        mask[:, -1] = 1  # filler rows need one visible token to pass the checks; their budget is 0
+        for index, row in enumerate(rows):
+            prompt = table.prompt(row)
+            ids[index, width - len(prompt) :] = prompt
+            mask[index, width - len(prompt) :] = 1
+        seeds = None
+        if self.config.do_sample:
+            seeds = np.zeros((self.batch_size, 2), np.int32)
+            seeds[: len(rows)] = row_seeds(self.job_seed, [table.ids[row] for row in rows])
+        request = prepare_request(self.model, ids, generation_config=self.config, seed=seeds, attention_mask=mask)
+        budgets = np.zeros([self.batch_size], np.int32)
+        budgets[: len(rows)] = self.max_new_tokens
+        return request.with_budgets(budgets)
+
+    def _run_step(self, table: PromptTable, step: list[Optional[Group]]) -> list[np.ndarray]:
+        """Runs one group per replica; returns each group's new tokens int32 `[rows, max_new_tokens]`."""
+        width = step[0].width
+        requests = [self._request(table, group, width) for group in step]
+        step_function, is_new = self._step_function(requests[0])
+        inputs = self.strategy.experimental_distribute_values_from_function(
+            lambda context: requests[context.replica_id_in_sync_group].inputs
+        )
+        guard = self.around_compile() if is_new else contextlib.nullcontext()
+        with guard, announce_compile(requests[0], is_new, what=f"generate on {self.replicas} replica(s)"):
+            new_tokens = step_function(inputs).numpy()
+        per_replica = np.split(new_tokens, self.replicas)
+        # Strategies that return several rows per prompt (beams) put the chosen one first.
+        rows_per_prompt = len(per_replica[0]) // requests[0].spec.batch_size
+        return [
+            block[: len(group.rows) * rows_per_prompt : rows_per_prompt, : self.max_new_tokens]
+            if group is not None else block[:0]
+            for group, block in zip(step, per_replica)
+        ]
+
+    def _step_function(self, request: Request):
+        """Returns `(step_function, is_new)`: a tf.function running the request's compiled program on every
+        replica and gathering the new tokens `[replicas * rows, buffer_new_tokens]`; one per program, i.e. per
+        `request.spec` (TPUStrategy.run must be called inside a tf.function)."""
+        step_function = self._step_functions.get(request.spec)
+        if step_function is not None:
+            return step_function, False
+        program, _ = generate_program(self.model, request)
+        strategy, new_columns = self.strategy, request.spec.buffer_new_tokens
+
+        def step(inputs):
+            # A lambda, not `program` itself: MirroredStrategy.run hands a tf.function its PerReplica values unsplit.
+            new_tokens = strategy.run(lambda replica_inputs: program(replica_inputs)["sequences"][:, -new_columns:],
+                                      args=(inputs,))
+            return strategy.gather(new_tokens, axis=0)
+
+        step_function = self._step_functions[request.spec] = tf.function(step)
+        return step_function, True

@@ -1,0 +1,290 @@
+"""XLA's persistent compilation cache, on by default: a later process loads the programs an earlier one compiled.
+
+TensorFlow 2.21 saves every executable that `tf.function(jit_compile=True)` compiles to the directory that
+`--tf_xla_persistent_cache_directory` in `TF_XLA_FLAGS` names, and a later process compiling the same program
+loads it instead of running XLA's optimisation and code generation (tracing and the lowering to HLO still run,
+and TensorFlow checks that the saved HLO equals the new one). TensorFlow reads `TF_XLA_FLAGS` once, when its
+runtime starts (the first op or device query, not `import tensorflow`), so `tfgen/__init__.py` calls
+`configure()` on import.
+
+Two properties of TensorFlow's cache shape this module:
+
+* An entry TensorFlow cannot load (truncated, overwritten) fails the call instead of recompiling, and an entry
+  written by another TensorFlow build, for another CPU or under other XLA flags would load code built for them.
+  So the entries live in a store per TensorFlow build, host and XLA flags (`store_directory()`), each file named
+  after its SHA-256, and TensorFlow itself only sees a private directory per process, holding hard links to the
+  store entries whose content still matches their name. Entries that do not match are deleted (their program
+  compiles again). At exit the entries TensorFlow wrote in this process move into the store, and the oldest
+  entries beyond `MAX_STORE_BYTES` are deleted.
+* TensorFlow keys an entry by the traced function's name and HLO, and the name carries a per-process trace
+  counter: a process hits the cache when it traces the same functions in the same order, as repeated `tfgen`
+  commands do.
+
+Environment: `TFGEN_COMPILE_CACHE=0` (or off, false, no) turns the cache off; `TFGEN_CACHE_DIR` moves tfgen's cache
+folder (default `$XDG_CACHE_HOME/tfgen`, else `~/.cache/tfgen`); a `TF_XLA_FLAGS` that already names a cache
+directory is left alone. See `docs/compile-cache.md`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.util
+import logging
+import os
+import platform
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+ENABLE_VARIABLE = "TFGEN_COMPILE_CACHE"
+ROOT_VARIABLE = "TFGEN_CACHE_DIR"
+DIRECTORY_FLAG = "--tf_xla_persistent_cache_directory"
+# The flag text configure() added to TF_XLA_FLAGS, so that a child process (which inherits both variables) can
+# tell the parent's private directory from a directory the user chose, and take its own.
+_ADDED_FLAG_VARIABLE = "_TFGEN_ADDED_XLA_FLAG"
+# At exit, the store's oldest entries beyond this size are deleted (the shipped model's programs take ~1 MB each).
+MAX_STORE_BYTES = 256 * 2**20
+_OFF_VALUES = ("0", "off", "false", "no")
+_ON_VALUES = ("", "1", "on", "true", "yes")
+# TensorFlow names an entry <prefix>__<signature hash>__<HLO hash>__<device type>.pb; the store appends its SHA-256.
+_STORED_ENTRY = re.compile(r"(?P<name>.+\.pb)\.(?P<digest>[0-9a-f]{64})")
+# /proc/cpuinfo fields that decide which instructions XLA's CPU code generation may use.
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "Features", "CPU implementer",
+               "CPU architecture", "CPU variant", "CPU part")
+
+_configured = False
+_directory: Optional[str] = None
+
+
+def enabled() -> bool:
+    """Whether `TFGEN_COMPILE_CACHE` leaves the cache on (unset, 1, on, true, yes) or turns it off (0, off, false,
+    no). Raises ValueError naming the variable for any other value."""
+    value = os.environ.get(ENABLE_VARIABLE, "").strip().lower()
+    if value not in _OFF_VALUES + _ON_VALUES:
+        raise ValueError(
+            f"{ENABLE_VARIABLE}={os.environ[ENABLE_VARIABLE]!r}: expected one of {', '.join(_OFF_VALUES)} (off) or "
+            f"{', '.join(v for v in _ON_VALUES if v)} (on)"
+        )
+    return value not in _OFF_VALUES
+
+
+def cache_root() -> Path:
+    """tfgen's cache folder: `$TFGEN_CACHE_DIR`, else `$XDG_CACHE_HOME/tfgen`, else `~/.cache/tfgen`."""
+    if os.environ.get(ROOT_VARIABLE):
+        return Path(os.environ[ROOT_VARIABLE]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfgen"
+
+
+def store_directory() -> Path:
+    """The store of this TensorFlow build, host and XLA flags: `<cache_root()>/xla/<fingerprint>`."""
+    return cache_root() / "xla" / _fingerprint()
+
+
+def configure() -> Optional[str]:
+    """Points TensorFlow's persistent compilation cache at a fresh private directory filled from the store.
+
+    Does nothing when `TFGEN_COMPILE_CACHE` turns the cache off or `TF_XLA_FLAGS` already names a cache directory,
+    and turns the cache off (with a warning) when the cache folder cannot be written. Returns the directory
+    TensorFlow will use, or None; later calls return the first call's answer. It takes effect only before
+    TensorFlow starts its runtime (its first op or device query), which reads the flags.
+    """
+    global _configured, _directory
+    if not _configured:
+        _directory = _configure()
+        _configured = True
+    return _directory
+
+
+def _configure() -> Optional[str]:
+    flags = _user_xla_flags()
+    # A parent tfgen process's directory: this process takes its own (or none).
+    os.environ.pop(_ADDED_FLAG_VARIABLE, None)
+    _set_xla_flags(flags)
+    if not enabled() or DIRECTORY_FLAG in flags:
+        return None
+    store = store_directory()
+    if '"' in str(store):
+        # TensorFlow reads the flag's value up to the closing double quote.
+        raise ValueError(f"{ROOT_VARIABLE}: the cache folder {str(store)!r} must not contain a double quote")
+    try:
+        runs = store / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_runs(runs)
+        private = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}@{platform.node()}@", dir=runs))
+    except OSError as error:
+        # TensorFlow fails every compile whose entry it cannot write, so an unwritable folder means no cache.
+        logger.warning("tfgen's compile cache is off: %s", error)
+        return None
+    filler = _Filler(private, store)
+    filler.start()
+    atexit.register(_publish, filler, os.getpid())
+    flag = f'{DIRECTORY_FLAG}="{private}"'
+    _set_xla_flags(f"{flags} {flag}".strip())
+    os.environ[_ADDED_FLAG_VARIABLE] = flag
+    return str(private)
+
+
+def _user_xla_flags() -> str:
+    """`TF_XLA_FLAGS` without the flag `configure()` added, here or in a parent process."""
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    added = os.environ.get(_ADDED_FLAG_VARIABLE)
+    return (flags.replace(added, "") if added else flags).strip()
+
+
+def _set_xla_flags(flags: str) -> None:
+    if flags:
+        os.environ["TF_XLA_FLAGS"] = flags
+    else:
+        os.environ.pop("TF_XLA_FLAGS", None)
+
+
+def _fingerprint() -> str:
+    """A hash of what makes a compiled executable valid: the TensorFlow build (its package files' sizes and
+    times, read without importing it), the CPU and GPU models, and the XLA flags in the environment."""
+    parts = [platform.machine(), os.environ.get("XLA_FLAGS", ""), _user_xla_flags()]
+    spec = importlib.util.find_spec("tensorflow")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        with os.scandir(folder) as entries:
+            parts += sorted(f"{e.name}:{e.stat().st_size}:{e.stat().st_mtime_ns}" for e in entries if e.is_file())
+    parts += _cpu_identity() + _gpu_models()
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _cpu_identity() -> list[str]:
+    """The first processor's model and instruction-set lines of /proc/cpuinfo (elsewhere: `platform.processor()`)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            first_processor = cpuinfo.read().split("\n\n", 1)[0]
+    except OSError:
+        return [platform.processor()]
+    return [line for line in first_processor.splitlines() if line.split(":", 1)[0].strip() in _CPU_FIELDS]
+
+
+def _gpu_models() -> list[str]:
+    """The NVIDIA driver's model line of every GPU (none without the driver)."""
+    models = []
+    for information in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            models += [line for line in information.read_text().splitlines() if line.startswith("Model:")]
+        except OSError:
+            continue
+    return models
+
+
+def _remove_abandoned_runs(runs: Path) -> None:
+    """Deletes the private directories of this host's processes that ended without publishing (killed, crashed):
+    what TensorFlow wrote there was never checksummed."""
+    if os.name != "posix":
+        return  # os.kill(pid, 0), the liveness probe, terminates the process on Windows
+    host = platform.node()
+    for run in runs.iterdir():
+        pid, _, rest = run.name.partition("@")
+        if rest.rpartition("@")[0] == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(run, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
+class _Filler(threading.Thread):
+    """Links each store entry whose content matches its SHA-256 into the private directory under TensorFlow's
+    name, newest first, and deletes the entries that do not match.
+
+    It runs in a thread so that importing tfgen does not wait for the hashing: TensorFlow looks for an entry only
+    when it compiles, seconds later, and compiles the program itself when the entry is not there yet.
+    """
+
+    def __init__(self, private: Path, store: Path):
+        super().__init__(name="tfgen-compile-cache", daemon=True)
+        self.private = private
+        self.store = store
+        self.linked: set[str] = set()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for path, name, digest in _stored_entries(self.store):
+                if self.stopping.is_set():
+                    return
+                if name in self.linked or _digest(path) != digest:
+                    # Two processes that compiled the same program both stored it: the newest entry is enough.
+                    path.unlink(missing_ok=True)
+                elif self._link(path, self.private / name):
+                    self.linked.add(name)
+        except OSError as error:  # the store was deleted or made unreadable: the programs compile
+            logger.warning("tfgen's compile cache could not read %s: %s", self.store, error)
+
+    @staticmethod
+    def _link(path: Path, target: Path) -> bool:
+        """Puts `path` at `target` in one step (TensorFlow may be looking); False when either is taken or gone."""
+        try:
+            os.link(path, target)
+        except (FileNotFoundError, FileExistsError):  # deleted by another process; compiled here meanwhile
+            return False
+        except OSError:  # a file system without hard links: a copy, renamed into place
+            partial = target.with_name(target.name + ".partial")
+            try:
+                shutil.copyfile(path, partial)
+            except FileNotFoundError:
+                return False
+            os.replace(partial, target)
+        return True
+
+
+def _stored_entries(store: Path) -> list[tuple[Path, str, str]]:
+    """`(path, TensorFlow's name, SHA-256)` of the store's entries, newest first."""
+    entries = []
+    for path in store.iterdir():
+        match = _STORED_ENTRY.fullmatch(path.name)
+        if match:
+            try:
+                entries.append((path.stat().st_mtime_ns, path, match["name"], match["digest"]))
+            except FileNotFoundError:  # another process deleted it meanwhile
+                continue
+    return [entry[1:] for entry in sorted(entries, reverse=True)]
+
+
+def _digest(path: Path) -> Optional[str]:
+    """The file's SHA-256 in hex, or None when it is gone."""
+    try:
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _publish(filler: _Filler, owner_pid: int) -> None:
+    """At exit: moves the entries TensorFlow wrote in this process into the store, each named after its SHA-256,
+    deletes the private directory, and trims the store to `MAX_STORE_BYTES`."""
+    if os.getpid() != owner_pid:
+        return  # a forked child exiting: the directory still belongs to the parent
+    filler.stopping.set()
+    filler.join()
+    for path in filler.private.glob("*.pb"):  # TensorFlow's half-written entries end in .tmp
+        if path.name not in filler.linked:
+            try:
+                os.replace(path, filler.store / f"{path.name}.{_digest(path)}")
+            except OSError as error:  # the store was deleted or is full: only this entry is lost
+                logger.warning("tfgen's compile cache could not store %s: %s", path.name, error)
+    shutil.rmtree(filler.private, ignore_errors=True)
+    kept = 0
+    try:
+        for path, _, _ in _stored_entries(filler.store):
+            kept += path.stat().st_size
+            if kept > MAX_STORE_BYTES:
+                path.unlink()
+    except OSError:  # another process is trimming too, or the store is gone: trimmed at a later exit
+        pass

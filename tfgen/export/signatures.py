@@ -1,0 +1,91 @@
+"""The table of exported signatures: what each one decodes and which per-request inputs it takes.
+
+TF-free (the `tfgen export` command reads it to build its `--help`). `tfgen.export.saved_model` builds every
+signature from its entry; a new decoding strategy becomes a new entry here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+# Used when neither the caller nor the generation config sets max_new_tokens (HF's default length of 20).
+DEFAULT_MAX_NEW_TOKENS = 20
+# Beams of the beam_search signature and candidates of the contrastive one, unless the export or its
+# generation config says otherwise (HF's contrastive examples use top_k=4).
+DEFAULT_NUM_BEAMS = 4
+DEFAULT_CONTRASTIVE_TOP_K = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportChoices:
+    """Static choices of one export that shape its programs: beams of `beam_search`, candidates of `contrastive`."""
+
+    num_beams: int
+    contrastive_top_k: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureSpec:
+    """What one exported signature runs.
+
+    description: one line for `assets.extra/tfgen_export.json` and the docs.
+    generation_options: overrides of the exported GenerationConfig (a dict, or a function of the export's
+        `ExportChoices` returning one); the decoding strategy is the mode the result selects.
+    row_inputs: per-row inputs taken besides `input_ids` and `attention_mask`, each a knob or request value of
+        `tfgen.knobs` (its dtype, shape and valid range make the input's spec and in-graph check).
+    processor_overrides: `ProcessorSpec` fields forced on so that the row inputs always apply (a row sending a
+        neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
+    outputs: entries of the decode result returned besides `sequences` and `sequence_lengths`.
+    text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
+    """
+
+    description: str
+    generation_options: dict | Callable[[ExportChoices], dict] = dataclasses.field(default_factory=dict)
+    row_inputs: tuple[str, ...] = ()
+    processor_overrides: dict = dataclasses.field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    text: bool = False
+
+    def options(self, choices: ExportChoices) -> dict:
+        """The generation options of this signature in an export made with `choices`."""
+        return self.generation_options(choices) if callable(self.generation_options) else self.generation_options
+
+
+_ONE_TOKEN_PER_STEP = {"num_beams": 1, "penalty_alpha": None}
+
+SIGNATURES: dict[str, SignatureSpec] = {
+    "serving_default": SignatureSpec("the exported generation config's decoding (sampling keys from the prompt)"),
+    "greedy": SignatureSpec(
+        "greedy search with a per-row budget",
+        generation_options={"do_sample": False, **_ONE_TOKEN_PER_STEP},
+        row_inputs=("max_new_tokens",),
+    ),
+    "sample": SignatureSpec(
+        "multinomial sampling with per-row seed, temperature, top-k, top-p and budget",
+        generation_options={"do_sample": True, **_ONE_TOKEN_PER_STEP},
+        row_inputs=("seed", "temperature", "top_k", "top_p", "max_new_tokens"),
+        processor_overrides={"temperature": True, "top_k": True, "top_k_cap": 0, "top_p": True},
+    ),
+    "beam_search": SignatureSpec(
+        "beam search (beams fixed at export) with per-row length_penalty and budget; returns sequences_scores",
+        generation_options=lambda choices: {
+            "do_sample": False, "num_beams": choices.num_beams, "num_beam_groups": 1, "penalty_alpha": None,
+        },
+        row_inputs=("length_penalty", "max_new_tokens"),
+        outputs=("sequences_scores",),
+    ),
+    "contrastive": SignatureSpec(
+        "contrastive search (top_k candidates fixed at export) with per-row penalty_alpha and budget",
+        generation_options=lambda choices: {
+            "do_sample": False, "num_beams": 1, "top_k": choices.contrastive_top_k,
+            # Any value > 0 selects the mode; each row's own value comes from the penalty_alpha input.
+            "penalty_alpha": 0.5,
+        },
+        row_inputs=("penalty_alpha", "max_new_tokens"),
+    ),
+    "generate_text": SignatureSpec(
+        "serving_default on text: byte-level BPE tokenization in the graph, returns the generated text",
+        text=True,
+    ),
+}

@@ -1,0 +1,106 @@
+"""Tensor functions a decoder-only model with tfgen's static-buffer KV cache is built from: positions from the
+mask, the causal-and-padding attention mask over the cache buffer, in-place cache slot writes, and the basic
+layers (norm, dense, dropout) with explicit casts, so that `call` and `call_with_cache` compute identically under
+mixed precision policies."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+# Private module, but its dynamic_update_slice is the only in-place slice write that runs eagerly, in
+# plain graphs and under XLA with a traced offset (TensorStridedSliceUpdate needs a constant offset
+# under XLA; tensor_scatter_nd_update works but measured ~3x slower per decode step).
+from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
+
+# HF activation names (config `activation_function` / `hidden_act`).
+ACTIVATIONS = {
+    "gelu_new": functools.partial(tf.nn.gelu, approximate=True),
+    "gelu_fast": functools.partial(tf.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(tf.nn.gelu, approximate=True),
+    "gelu": functools.partial(tf.nn.gelu, approximate=False),
+    "quick_gelu": lambda x: x * tf.sigmoid(1.702 * x),
+    "relu": tf.nn.relu,
+    "silu": tf.nn.silu,
+    "swish": tf.nn.silu,
+    "tanh": tf.math.tanh,
+}
+
+
+def positions_from_mask(attention_mask: tf.Tensor) -> tf.Tensor:
+    """int32 `[B, T]` positions counting only real tokens (`cumsum(mask) - 1`, pads clipped to 0), so a
+    left-padded row gets the same positions as the unpadded one."""
+    return tf.maximum(tf.cumsum(tf.cast(attention_mask, tf.int32), axis=1) - 1, 0)
+
+
+def attention_allowed(query_index: tf.Tensor, key_mask: tf.Tensor) -> tf.Tensor:
+    """bool `[B, 1, T, S]`: the query at buffer index `query_index[t]` (int32 `[T]`) may attend key slot
+    `s` iff `s <= query_index[t]` and `key_mask[b, s]` (any dtype `[B, S]`, nonzero = real token)."""
+    key_index = tf.range(tf.shape(key_mask)[1])
+    causal = key_index[tf.newaxis, :] <= query_index[:, tf.newaxis]
+    return causal[tf.newaxis, tf.newaxis] & tf.cast(key_mask, tf.bool)[:, tf.newaxis, tf.newaxis, :]
+
+
+def write_slots(buffer: tf.Tensor, update: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
+    """`buffer` `[B, H, L, Dh]` with `update` `[B, H, T, Dh]` written at slots `[start, start + T)`."""
+    update = tf.cast(update, buffer.dtype)
+    if update.shape[2] is not None:
+        return dynamic_update_slice(buffer, update, tf.stack([0, 0, start, 0]))
+    # T unknown when traced: under XLA it may be a bounded dynamic size (tokens sliced at a traced
+    # offset), padded to its bound, which dynamic_update_slice would write whole; select slots instead.
+    length = tf.shape(update)[2]
+    offsets = tf.range(tf.shape(buffer)[2]) - start
+    written = (offsets >= 0) & (offsets < length)
+    gathered = tf.gather(update, tf.clip_by_value(offsets, 0, length - 1), axis=2)
+    return tf.where(written[:, tf.newaxis], gathered, buffer)
+
+
+def layer_norm(x: tf.Tensor, gamma, beta, epsilon: float) -> tf.Tensor:
+    """Layer normalisation over the last axis, in `x`'s dtype."""
+    # Statistics in float32 so half-precision models stay stable; a no-op cast for float32 models.
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    normed = (x32 - mean) * tf.math.rsqrt(variance + epsilon)
+    return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32), x.dtype)
+
+
+def dense(x: tf.Tensor, kernel, bias) -> tf.Tensor:
+    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`)."""
+    return tf.matmul(x, tf.cast(kernel, x.dtype)) + tf.cast(bias, x.dtype)
+
+
+def dropout(x: tf.Tensor, rate: float, training: bool, seed_generator) -> tf.Tensor:
+    """Keras dropout when training with a positive rate, else `x`."""
+    return keras.random.dropout(x, rate, seed=seed_generator) if training and rate > 0 else x
+
+
+class WeightFactory:
+    """Creates a layer's weights with HF's initialisation (`config.initializer_range`) and records them under
+    their HF names (`hf_prefix` + name) in `by_hf_name`, so checkpoints map onto them by name."""
+
+    def __init__(self, layer: keras.layers.Layer, config, hf_prefix: str):
+        self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
+        self.by_hf_name: dict[str, Any] = {}
+
+    def _add(self, hf_name: str, shape, initializer):
+        # No Keras autocast: the code casts explicitly, so `call` (under Keras's autocast scope) and
+        # `call_with_cache` (called directly) compute identically under mixed policies.
+        variable = self.layer.add_weight(
+            shape=shape, initializer=initializer, name=hf_name.replace(".", "_"), autocast=False
+        )
+        self.by_hf_name[self.hf_prefix + hf_name] = variable
+        return variable
+
+    def normal(self, hf_name: str, shape, stddev: float | None = None):
+        stddev = self.config.initializer_range if stddev is None else stddev
+        return self._add(hf_name, shape, keras.initializers.RandomNormal(stddev=stddev))
+
+    def dense(self, hf_name: str, n_in: int, n_out: int, stddev: float | None = None):
+        """(kernel `[n_in, n_out]`, bias `[n_out]`) as HF's Conv1D."""
+        return self.normal(f"{hf_name}.weight", (n_in, n_out), stddev), self._add(f"{hf_name}.bias", (n_out,), "zeros")
+
+    def layer_norm(self, hf_name: str, dim: int):
+        return self._add(f"{hf_name}.weight", (dim,), "ones"), self._add(f"{hf_name}.bias", (dim,), "zeros")

@@ -1,0 +1,320 @@
+"""The request layer: one generate call, resolved and checked before anything compiles.
+
+    config ⊕ options → GenerationConfig.validate() → input checks → buckets → DecodeSpec (static, hashable:
+    the program key) + DecodeInputs (tensors: prompt, budgets, seeds, knobs)
+
+`generate()`, streaming, `tfgen.batch` and `tfgen.export` all go through these functions, so the pad-id rule,
+the eos vector, the knob values and the program key exist once. See `docs/design.md`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.input_checks import check_attention_mask, check_input_ids, check_seed, pop_input_ids, resolve_lengths
+from tfgen.decoding.common import DecodeInputs
+from tfgen.decoding.loop import DecodeSpec
+from tfgen.decoding.strategies import strategy_for
+from tfgen.knobs import KNOBS, padded_token_ids
+from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
+from tfgen.processors import check_user_processors
+from tfgen.random import derive_seeds
+from tfgen.stop_strings import stop_string_tables
+from tfgen.stopping import check_user_criteria, split_stopping_criteria
+from tfgen.unsupported import refuse_unsupported
+
+# generate() keywords that are not GenerationConfig attributes.
+MODEL_INPUT_KWARGS = ("input_ids", "attention_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPolicy:
+    """How request shapes are rounded up so that ragged traffic reuses a handful of compiled programs.
+
+    Batch sizes round up to a power of two up to `batch_step`, then to a multiple of it; prompt lengths and
+    new-token budgets round up to multiples of `length_step` / `new_tokens_step`. The padding is exact: extra
+    prompt columns are left padding under the attention mask, extra rows are discarded, and the loop stops at
+    the real budget (it is a tensor), not at the bucket.
+    """
+
+    batch_step: int = 8
+    length_step: int = 16
+    new_tokens_step: int = 16
+
+    def batch(self, size: int) -> int:
+        if size <= self.batch_step:
+            return 1 << (size - 1).bit_length()
+        return _round_up(size, self.batch_step)
+
+    def prompt_length(self, length: int) -> int:
+        return _round_up(length, self.length_step)
+
+    def new_tokens(self, count: int) -> int:
+        return _round_up(count, self.new_tokens_step)
+
+
+EXACT_SHAPES = BucketPolicy(batch_step=1, length_step=1, new_tokens_step=1)
+DEFAULT_BUCKETS = BucketPolicy()
+
+
+def _round_up(value: int, step: int) -> int:
+    return max(step, -(-value // step) * step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A validated generate call: the program key, the tensors to feed it, and how to cut its outputs.
+
+    spec: the static `DecodeSpec` (selects the compiled program). inputs: the `DecodeInputs` of
+    `spec.batch_size` rows. batch_size: the caller's rows (after repeating prompts for `num_return_sequences`);
+    start: bucket columns before the caller's prompt; prompt_len: the caller's prompt width; max_new_tokens:
+    the budget asked for; return_dict: whether the caller gets an output object rather than a tensor;
+    max_time: seconds the call may take (checked between compiled chunks), or None.
+    """
+
+    spec: DecodeSpec
+    inputs: DecodeInputs
+    batch_size: int
+    start: int
+    prompt_len: int
+    max_new_tokens: int
+    return_dict: bool = False
+    max_time: Optional[float] = None
+
+    def with_budgets(self, budgets) -> "Request":
+        """The same request with per-row budgets `budgets` int `[batch_size]` (each at most `max_new_tokens`);
+        bucket rows keep a budget of 0. E.g. a batch job gives filler rows nothing to generate."""
+        budgets = np.asarray(budgets)
+        if budgets.shape != (self.batch_size,) or not np.issubdtype(budgets.dtype, np.integer):
+            raise ValueError(f"budgets must be integers of shape [{self.batch_size}], got {budgets.dtype} {budgets.shape}")
+        if budgets.min() < 0 or budgets.max() > self.max_new_tokens:
+            raise ValueError(f"budgets must be in [0, max_new_tokens={self.max_new_tokens}], got {budgets.tolist()}")
+        padded = np.zeros([self.spec.batch_size], np.int32)
+        padded[: self.batch_size] = budgets
+        return dataclasses.replace(self, inputs=self.inputs._replace(max_new_tokens=tf.constant(padded)))
+
+
+class ResolvedConfig(NamedTuple):
+    """The effective config of a call (a copy) and whether the call set `max_length` explicitly."""
+
+    config: GenerationConfig
+    explicit_max_length: bool
+
+
+def base_config(model, generation_config=None) -> GenerationConfig:
+    """A copy of `generation_config`, else of the model's `generation_config`, else one from its config."""
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(
+            f"generation_config must be a tfgen.GenerationConfig, got {type(generation_config).__name__}."
+        )
+    base = generation_config or getattr(model, "generation_config", None)
+    if base is None:
+        base = GenerationConfig.from_model_config(model.config)
+    return base.copy()
+
+
+def resolve_config(
+    model, generation_config=None, options: Optional[dict] = None, *, stacklevel: int = 2
+) -> ResolvedConfig:
+    """`generation_config` (default: the model's, else one from its config), copied and updated with `options`.
+
+    An option that is not a `GenerationConfig` attribute is a ValueError naming it; the result is validated
+    once (one warning for options without effect; `stacklevel` as `warnings.warn`'s, from this function).
+    """
+    options = dict(options or {})
+    config = base_config(model, generation_config)
+    unused = sorted(set(options) - set(vars(config)))
+    if unused:
+        raise ValueError(
+            f"unknown generation option(s): {', '.join(unused)}. They are neither GenerationConfig "
+            f"attributes nor generate() arguments ({', '.join(MODEL_INPUT_KWARGS)}, seed, logits_processor, "
+            "stopping_criteria, tokenizer, jit_compile, streamer)."
+        )
+    # `config` is a copy, so it can be changed first and validated once (not `update`, which validates too).
+    vars(config).update(options)
+    config.validate(stacklevel=stacklevel + 1)
+    return ResolvedConfig(config, "max_length" in options)
+
+
+def pad_token_id_of(config: GenerationConfig) -> int:
+    """The id written after a row finished: `pad_token_id`, else HF's convention for models without a pad token,
+    the (first) eos id, else 0."""
+    if config.pad_token_id is not None:
+        return int(config.pad_token_id)
+    eos_ids = config.eos_token_ids()
+    return eos_ids[0] if eos_ids else 0
+
+
+def knob_values(config: GenerationConfig, batch_size: int, vocab_size: int) -> dict[str, np.ndarray]:
+    """Every run-time knob of `config`'s decoding for `batch_size` rows: the processors' and the strategy's."""
+    strategy = strategy_for(config.get_generation_mode())
+    return {**processor_knobs_from_config(config, batch_size, vocab_size), **strategy.runtime_knobs(config, batch_size)}
+
+
+def knob_layout(knobs: dict) -> tuple:
+    """`(name, shape, dtype)` per knob, the batch axis of per-row knobs left out (part of the program key)."""
+    return tuple(
+        (name, tuple(np.shape(value)[1:] if KNOBS[name].per_row else np.shape(value)), str(np.asarray(value).dtype))
+        for name, value in sorted(knobs.items())
+    )
+
+
+def decode_spec(
+    config: GenerationConfig,
+    vocab_size: int,
+    *,
+    buffer_new_tokens: int,
+    knobs: dict,
+    batch_size: Optional[int] = None,
+    prompt_width: Optional[int] = None,
+    user_processors: Sequence = (),
+    processor_overrides: Optional[dict] = None,
+    tokenizer=None,
+    stopping_criteria: Sequence = (),
+) -> DecodeSpec:
+    """The program key of `config`'s decoding. `processor_overrides`: `ProcessorSpec` fields forced (an export
+    forces the processors whose knobs it takes per request); batch and prompt width None: any (exports).
+    `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop."""
+    refuse_unsupported(config)
+    mode = config.get_generation_mode()
+    stop_strings = _stop_string_tables(config, tokenizer, vocab_size)
+    stopping_criteria = check_user_criteria(stopping_criteria)
+    if (stop_strings is not None or stopping_criteria) and mode == GenerationMode.GROUP_BEAM_SEARCH:
+        raise ValueError(
+            "stop_strings / stopping_criteria: group beam search does not support them yet (beam search, sampling, "
+            "greedy and contrastive search do)."
+        )
+    strategy = strategy_for(mode)
+    processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
+    if processor_overrides:
+        processor_spec = dataclasses.replace(processor_spec, **processor_overrides)
+    user_processors = check_user_processors(user_processors)
+    return DecodeSpec(
+        mode=mode,
+        options=tuple(sorted(strategy.static_options(config).items())),
+        buffer_new_tokens=buffer_new_tokens,
+        processor_spec=processor_spec,
+        knob_layout=knob_layout(knobs),
+        eos_slots=len(padded_token_ids(config.eos_token_ids())),
+        batch_size=batch_size,
+        prompt_width=prompt_width,
+        output_scores=bool(config.output_scores) and bool(config.return_dict_in_generate),
+        output_logits=bool(config.output_logits) and bool(config.return_dict_in_generate),
+        user_processors=user_processors,
+        user_processor_ids=tuple(id(processor) for processor in user_processors),
+        stop_strings=stop_strings,
+        stopping_criteria=stopping_criteria,
+        stopping_criteria_ids=tuple(id(criterion) for criterion in stopping_criteria),
+    )
+
+
+def _stop_string_tables(config: GenerationConfig, tokenizer, vocab_size: int):
+    """The matcher tables of `config.stop_strings` (None when unset); ValueError without a tokenizer."""
+    if config.stop_strings is None:
+        return None
+    if tokenizer is None:
+        raise ValueError("stop_strings: matching stop strings needs the model's tokenizer; pass tokenizer=.")
+    return stop_string_tables(tokenizer, config.stop_strings, vocab_size)
+
+
+def prepare_request(
+    model,
+    inputs=None,
+    *,
+    generation_config: Optional[GenerationConfig] = None,
+    logits_processor: Optional[Sequence] = None,
+    seed=None,
+    tokenizer=None,
+    stopping_criteria: Optional[Sequence] = None,
+    stacklevel: int = 2,
+    **options,
+) -> Request:
+    """Resolves the config, checks every input and builds the program inputs and key — all before compiling.
+
+    inputs / `input_ids=`: int ids `[batch, prompt_len]`, left padded (may be empty when the model has a
+    `bos_token_id`). `attention_mask=`: `[batch, prompt_len]` 0/1, inferred from pad ids like HF when absent.
+    seed: None, `[2]` or `[batch, 2]`. tokenizer: the model's `tfgen.Tokenizer`, needed for `stop_strings`.
+    stopping_criteria: `tfgen.stopping` criteria or callables (see there). Other `options` are `GenerationConfig`
+    attributes. Bad input raises ValueError / TypeError naming the argument. stacklevel: where warnings point
+    (`warnings.warn`'s, counted from this function).
+    """
+    model_config = model.config
+    vocab_size = int(model_config.vocab_size)
+    input_ids = pop_input_ids(inputs, options)
+    attention_mask = options.pop("attention_mask", None)
+    user_criteria, criteria_options, tokenizer = split_stopping_criteria(
+        stopping_criteria, base_config(model, generation_config), options, tokenizer
+    )
+    options.update(criteria_options)
+    config, explicit_max_length = resolve_config(model, generation_config, options, stacklevel=stacklevel + 1)
+    strategy = strategy_for(config.get_generation_mode())
+    eos_ids = config.eos_token_ids()
+    pad_token_id = pad_token_id_of(config)
+
+    input_ids = check_input_ids(input_ids, config, vocab_size)
+    attention_mask = check_attention_mask(attention_mask, input_ids, pad_token_id, eos_ids, stacklevel=stacklevel + 1)
+    batch_size, prompt_len = input_ids.shape
+    max_new_tokens = resolve_lengths(config, prompt_len, model_config, explicit_max_length)
+    longest_row = int(attention_mask.sum(axis=1).max())
+    max_positions = getattr(model_config, "max_position_embeddings", None)
+    if max_positions is not None and longest_row + max_new_tokens > max_positions:
+        raise ValueError(
+            f"max_new_tokens: the longest prompt has {longest_row} tokens and {max_new_tokens} new tokens were asked "
+            f"for, but the model has only {max_positions} positions."
+        )
+
+    row_seeds = check_seed(seed, batch_size, bool(config.do_sample), stacklevel=stacklevel + 1)
+    num_return = int(config.num_return_sequences or 1)
+    if num_return > 1 and strategy.host_expands_return_sequences:
+        input_ids = np.repeat(input_ids, num_return, axis=0)
+        attention_mask = np.repeat(attention_mask, num_return, axis=0)
+        copies = np.tile(np.arange(num_return), batch_size)
+        row_seeds = derive_seeds(np.repeat(row_seeds, num_return, axis=0), copies).numpy()
+        batch_size *= num_return
+
+    buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
+    padded_batch = buckets.batch(batch_size)
+    padded_len = buckets.prompt_length(prompt_len)
+    start = padded_len - prompt_len
+
+    ids = np.full((padded_batch, padded_len), pad_token_id, np.int32)
+    ids[:batch_size, start:] = input_ids
+    mask = np.zeros((padded_batch, padded_len), np.int32)
+    mask[:batch_size, start:] = attention_mask
+    budgets = np.zeros([padded_batch], np.int32)
+    budgets[:batch_size] = max_new_tokens
+    seeds = np.zeros([padded_batch, 2], np.int32)
+    seeds[:batch_size] = row_seeds
+    knobs = knob_values(config, padded_batch, vocab_size)
+
+    spec = decode_spec(
+        config, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
+        batch_size=padded_batch, prompt_width=padded_len, user_processors=logits_processor or (),
+        tokenizer=tokenizer, stopping_criteria=user_criteria,
+    )
+    decode_inputs = DecodeInputs(
+        input_ids=tf.constant(ids),
+        attention_mask=tf.constant(mask),
+        start=tf.constant(start, tf.int32),
+        prompt_len=tf.constant(prompt_len, tf.int32),
+        max_new_tokens=tf.constant(budgets),
+        row_seeds=tf.constant(seeds),
+        pad_token_id=tf.constant(pad_token_id, tf.int32),
+        eos_token_ids=tf.constant(padded_token_ids(eos_ids)),
+        knobs={name: tf.constant(value) for name, value in knobs.items()},
+    )
+    return Request(
+        spec=spec,
+        inputs=decode_inputs,
+        batch_size=batch_size,
+        start=start,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        return_dict=bool(config.return_dict_in_generate),
+        max_time=config.max_time,
+    )
