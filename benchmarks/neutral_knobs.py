@@ -14,12 +14,19 @@ program; greedy programs carry the repetition penalty. This script measures what
 Per model and batch, the programs of a cell alternate in one process (rotating who goes first each round), so
 a busy machine slows them alike; each compiles exactly once (checked with `model.generate_trace_count`) and
 nothing retraces while timed. Every round uses a fresh seed, the same for all programs, and the programs must
-return identical tokens (the neutral knobs may not change a single one). With `--ablate` (by default, for the
-cells that cost more than `--target`) the minimal program plus one carried processor at a time is timed in the
-same rounds, to say which processor costs it.
+return identical tokens (the neutral knobs may not change a single one). A timed sample repeats the call until
+it lasts `--min-sample-s` (the 2.6M model's calls take milliseconds).
 
-    python -m benchmarks.neutral_knobs                       # both models, batch 1 and 16 (a few minutes)
-    python -m benchmarks.neutral_knobs --models saved_models/stdlib-gpt2 --rounds 3 --ablate always
+Which processor costs it: the processors alone (no model) are timed per program, the minimal one plus one
+carried processor at a time, each an XLA loop of the same steps over fixed logits that runs the program's
+`ProcessorSpec` on the same neutral knobs (fed as inputs, as `generate` feeds them) and draws (or takes the
+argmax). Their calls are short, so the fastest of many rounds is kept, which a busy machine disturbs far less
+than the end-to-end medians; their extra time is set against B's whole generate call. `--ablate` also times
+generate itself with one carried processor at a time (slow, and noisy on a shared machine).
+
+    python -m benchmarks.neutral_knobs                       # both models, batch 1 and 16 (5-13 minutes on 2
+                                                             # busy CPUs, most of it the 124M model at batch 16)
+    python -m benchmarks.neutral_knobs --models saved_models/stdlib-gpt2 --ablate always --json run.json
 
 Run it from the root of a checkout, like `python -m benchmarks`.
 """
@@ -83,6 +90,10 @@ def carrying(variant: Variant):
         processor_config._ALWAYS_ON, processor_config._ALWAYS_ON_WHEN_SAMPLING = saved
 
 
+def _only(names: tuple, name: str) -> tuple:
+    return tuple(n for n in names if n == name)
+
+
 def ablation_variants(request: str) -> list[Variant]:
     """The minimal program plus one of the processors the library carries for `request`, for each of them."""
     from tfgen import processor_config
@@ -90,7 +101,7 @@ def ablation_variants(request: str) -> list[Variant]:
     always_on = tuple(processor_config._ALWAYS_ON)
     when_sampling = tuple(processor_config._ALWAYS_ON_WHEN_SAMPLING) if REQUESTS[request]["do_sample"] else ()
     variants = [
-        Variant(f"+ {name} only", tuple(n for n in always_on if n == name), tuple(n for n in when_sampling if n == name))
+        Variant(f"+ {name} only", _only(always_on, name), _only(when_sampling, name))
         for name in dict.fromkeys(when_sampling + always_on)
     ]
     # With a single carried processor, "it alone" is the carried program itself: nothing to split.
@@ -161,7 +172,8 @@ class Cell:
             if self.model.generate_trace_count != traces + wanted:
                 raise AssertionError(f"{variant.name} retraced during its warm-up")
             if wanted:
-                log(f"      {variant.name}: compiled in {result['compile_s']:.1f} s; processors: {result['processors']}")
+                log(f"      {variant.name}: compiled in {result['compile_s']:.1f} s; "
+                    f"processors: {result['processors']}")
             reference = self._check(reference, tokens, variant, "compiling call")
 
     def _check(self, reference, tokens, variant, when):
@@ -209,6 +221,72 @@ class Cell:
         }
 
 
+def processor_spec(request: str, variant: Variant, vocab_size: int):
+    """The `ProcessorSpec` that `variant`'s program of `request` runs (as `generate` builds it)."""
+    from tfgen.config import GenerationConfig
+    from tfgen.processor_config import processor_spec_from_config
+
+    with carrying(variant):
+        return processor_spec_from_config(GenerationConfig(**REQUESTS[request], eos_token_id=None), vocab_size)
+
+
+def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[Variant], options) -> dict:
+    """The processors alone, without the model: per variant, an XLA program of `new_tokens` steps that runs its
+    `ProcessorSpec` (fed the neutral knobs as inputs, as `generate` feeds them) on fixed random logits plus a
+    step-dependent shift, draws (or takes the argmax) and writes the token into the buffer the repetition
+    penalty reads. Rounds interleave like the end-to-end ones; short calls, so the fastest round is kept.
+    Returns {variant name: {"processors", "seconds": [...], "best_s"}}."""
+    import tensorflow as tf
+
+    from tfgen.config import GenerationConfig
+    from tfgen.decoding.common import sample_from_scores
+    from tfgen.processor_config import processor_knobs_from_config
+    from tfgen.processors import ProcessorContext, apply_processors
+
+    steps, prompt_len = options.new_tokens, options.prompt_len
+    width = prompt_len + steps
+    config = GenerationConfig(**REQUESTS[request], eos_token_id=None)
+    knobs = {name: tf.constant(value) for name, value in processor_knobs_from_config(config, batch, vocab_size).items()}
+    logits = tf.constant(np.random.default_rng(0).standard_normal((batch, vocab_size), dtype=np.float32) * 3)
+    prompt = tf.constant(bench_prompt(batch, prompt_len, vocab_size))
+    seeds = tf.constant(np.stack([np.arange(batch), np.full(batch, 7)], -1).astype(np.int32))
+    do_sample = REQUESTS[request]["do_sample"]
+
+    def program(spec):
+        def run(logits, prompt, seeds, knobs):
+            def body(step, sequences):
+                ctx = ProcessorContext(sequences, tf.constant(0), prompt_len + step, tf.constant(prompt_len),
+                                       tf.fill([batch], width))
+                scores = apply_processors(spec, logits + tf.cast(step, tf.float32) * 1e-3, ctx, knobs)
+                if do_sample:
+                    tokens = sample_from_scores(scores, seeds, step)
+                else:
+                    tokens = tf.argmax(scores, axis=-1, output_type=tf.int32)
+                column = tf.range(width) == prompt_len + step
+                return step + 1, tf.where(column[None, :], tokens[:, None], sequences)
+
+            sequences = tf.concat([prompt, tf.zeros([batch, steps], tf.int32)], axis=1)
+            return tf.while_loop(lambda step, _: step < steps, body, (tf.constant(0), sequences))[1]
+
+        return tf.function(run, jit_compile=True, autograph=False)
+
+    results, programs = {}, {}
+    for variant in variants:
+        spec = processor_spec(request, variant, vocab_size)
+        programs[variant.name] = program(spec)
+        programs[variant.name](logits, prompt, seeds, knobs).numpy()  # compiles
+        results[variant.name] = {"processors": _enabled(spec), "seconds": []}
+    for round_index in range(options.isolated_rounds):
+        order = variants[round_index % len(variants) :] + variants[: round_index % len(variants)]
+        for variant in order:
+            start = time.perf_counter()
+            programs[variant.name](logits, prompt, seeds, knobs).numpy()
+            results[variant.name]["seconds"].append(time.perf_counter() - start)
+    for result in results.values():
+        result["best_s"] = min(result["seconds"])
+    return results
+
+
 def measure_model(model_name: str, options, log) -> dict:
     """Every (request, batch) cell of one model; ablations where asked for."""
     from tfgen.models.auto import AutoModelForCausalLM
@@ -238,12 +316,29 @@ def measure_model(model_name: str, options, log) -> dict:
                 ablation.time_rounds(rounds)
                 summary["ablation"] = ablation.summary(MINIMAL.name)
                 log(f"      {_tokens_line(summary['ablation'])}")
+            for variant in (CARRIED, MINIMAL):  # the specs the isolated programs use are the generate programs'
+                spec = processor_spec(request, variant, info["vocab_size"])
+                if _enabled(spec) != programs[(request, batch, variant.name)]:
+                    raise AssertionError(f"{variant.name}: processor_spec() is not the spec generate compiled")
+            if options.isolated:
+                log(f"   {request}, batch {batch}: the processors alone, one carried processor at a time ...")
+                summary["isolated"] = isolated_pipeline(
+                    request, batch, info["vocab_size"], [MINIMAL, CARRIED, *extra], options
+                )
     del model
     return entry
 
 
 def _tokens_line(summary) -> str:
     return ", ".join(f"{name} {result['tokens_per_s']:.1f} tok/s" for name, result in summary["results"].items())
+
+
+def _isolated_cost(cell, name: str) -> str:
+    """The extra time of program `name`'s processors over B's, as a share of B's median generate call."""
+    if "isolated" not in cell:
+        return "–"
+    extra = cell["isolated"][name]["best_s"] - cell["isolated"][MINIMAL.name]["best_s"]
+    return f"{extra / statistics.median(cell['results'][MINIMAL.name]['seconds']) * 100:+.1f}%"
 
 
 def _per_round(result) -> str:
@@ -254,10 +349,11 @@ def report(results: dict) -> str:
     """The markdown tables: A against B per cell, then the ablations."""
     lines = [
         "| model | request | batch | rounds × calls | A carried tok/s | B minimal tok/s | A/B (medians) "
-        "| A/B per round: median [min–max] | A/B best rounds | cost (medians) | tokens identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| A/B per round: median [min–max] | A/B best rounds | cost (medians) | cost, processors alone "
+        "| tokens identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    ablations = []
+    ablations, isolated = [], []
     for entry in results["models"]:
         for cell in entry["cells"]:
             a, b = cell["results"][CARRIED.name], cell["results"][MINIMAL.name]
@@ -265,10 +361,13 @@ def report(results: dict) -> str:
                 f"| {entry['model']} | {cell['request']} | {cell['batch']} | {entry['rounds']} × {cell['repeats']} "
                 f"| {a['tokens_per_s']:.1f} "
                 f"| {b['tokens_per_s']:.1f} | {a['ratio']:.3f} | {_per_round(a)} | {a['ratio_best']:.3f} "
-                f"| {(1 - a['ratio']) * 100:+.1f}% | {'yes' if not cell['mismatches'] else 'NO'} |"
+                f"| {(1 - a['ratio']) * 100:+.1f}% | {_isolated_cost(cell, CARRIED.name)} "
+                f"| {'yes' if not cell['mismatches'] else 'NO'} |"
             )
             if "ablation" in cell:
                 ablations.append((entry, cell))
+            if "isolated" in cell:
+                isolated.append((entry, cell))
     if ablations:
         lines += [
             "",
@@ -284,6 +383,23 @@ def report(results: dict) -> str:
                     f"| {entry['model']} | {cell['request']} | {cell['batch']} | {name} | {result['processors']} "
                     f"| {result['tokens_per_s']:.1f} | {result['ratio']:.3f} | {_per_round(result)} "
                     f"| {result['ratio_best']:.3f} |"
+                )
+    if isolated:
+        lines += [
+            "",
+            "The processors alone (no model: each program's processors and draw for the same steps on fixed logits, "
+            "fastest round); 'extra' is over B's, and its share is of B's whole generate call above:",
+            "",
+            "| model | request | batch | program | processors | ms per call | extra ms per call | extra / B's call |",
+            "|---|---|---:|---|---|---:|---:|---:|",
+        ]
+        for entry, cell in isolated:
+            base = cell["isolated"][MINIMAL.name]["best_s"]
+            for name, result in cell["isolated"].items():
+                lines.append(
+                    f"| {entry['model']} | {cell['request']} | {cell['batch']} | {name} | {result['processors']} "
+                    f"| {result['best_s'] * 1e3:.2f} | {(result['best_s'] - base) * 1e3:+.2f} "
+                    f"| {_isolated_cost(cell, name)} |"
                 )
     mismatches = [
         f"{entry['model']} {cell['request']} b{cell['batch']}: {text}"
@@ -309,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=_csv(str, tuple(REQUESTS)), default=list(REQUESTS))
     parser.add_argument("--batches", type=_csv(int), default=[1, 16])
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per cell (default 15)")
-    parser.add_argument("--rounds-124m", type=int, default=5, help=f"timed rounds per cell of {RANDOM_124M} (default 5)")
+    parser.add_argument("--rounds-124m", type=int, default=4,
+                        help=f"timed rounds per cell of {RANDOM_124M} (default 4)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per program after the compiling one "
                         "(at least 1: it sets the calls per sample)")
     parser.add_argument("--min-sample-s", type=float, default=0.3,
@@ -317,9 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--target", type=float, default=0.03, help="the cost (fraction) above which --ablate auto runs")
-    parser.add_argument("--ablate", choices=("auto", "always", "never"), default="auto",
-                        help="time the minimal program plus one carried processor at a time: for the cells that "
-                        "cost more than --target (auto), for every sampling cell, or never")
+    parser.add_argument("--ablate", choices=("auto", "always", "never"), default="never",
+                        help="also time generate with the minimal program plus one carried processor at a time: for "
+                        "the cells that cost more than --target (auto), for every sampling cell (always), or not "
+                        "(never, the default: slow, and on a busy machine too noisy to split a few percent; the "
+                        "processors-alone programs split it instead)")
+    parser.add_argument("--no-isolated", dest="isolated", action="store_false",
+                        help="skip timing the processors alone (no model), one carried processor at a time")
+    parser.add_argument("--isolated-rounds", type=int, default=15,
+                        help="rounds of the processors-alone programs (default 15; the fastest counts)")
     parser.add_argument("--cache-dir", default=os.path.join(Path.home(), ".cache", "tfgen", "bench"),
                         help="where the random checkpoint is built once")
     parser.add_argument("--json", help="also write every timing to this JSON file")

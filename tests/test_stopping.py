@@ -103,6 +103,12 @@ def test_stop_strings_match_hf_pytorch(model, tokenizer, hf, batch, options):
     theirs = _hf_generate(hf, ids, mask, stop_strings=stop_strings, **options)
     np.testing.assert_array_equal(ours, _padded(theirs, ours.shape[1], PAD))
     assert (ours != free).any(), "the stop strings cut the output short"
+    if options.get("num_beams", 1) == 1 and not options.get("penalty_alpha"):
+        eager = model.generate(
+            ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, stop_strings=stop_strings, tokenizer=tokenizer,
+            jit_compile=False, **options,
+        ).numpy()
+        np.testing.assert_array_equal(eager, ours)
 
 
 def test_seeded_sampling_stops_where_the_text_first_ends_with_a_stop_string(model, tokenizer, batch):

@@ -204,8 +204,13 @@ def apply_processors(
         scores = scores + _sequence_bias(ctx, spec.sequence_bias, biases, vocab_size)
     if spec.repetition_penalty:
         penalty = per_row_knob(knobs, "repetition_penalty")
-        seen = _token_counts(ctx.sequences, tf.broadcast_to(_visible(ctx), tf.shape(ctx.sequences)), vocab_size) > 0
-        scores = tf.where(seen, tf.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+        def penalised(scores):
+            seen = _token_counts(ctx.sequences, tf.broadcast_to(_visible(ctx), tf.shape(ctx.sequences)), vocab_size)
+            return tf.where(seen > 0, tf.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+        # In every program (a server switches it per request): skip the [B, V] count when no row asks for it.
+        scores = tf.cond(tf.reduce_any(penalty != 1.0), lambda: penalised(scores), lambda: scores)
     if spec.no_repeat_ngram_size:
         scores = drop_tokens(scores, _repeated_ngram_bans(ctx, spec.no_repeat_ngram_size, vocab_size))
     if spec.bad_words_ids:
@@ -254,5 +259,7 @@ def apply_processors(
         return scores, None
     # Every finite score ranks among the top `cap` exactly when a row has at most `cap` of them.
     finite_counts = tf.reduce_sum(tf.cast(scores > _NEG_INF, tf.int32), axis=-1)
-    complete = tf.reduce_all(finite_counts <= candidates.shape[-1])
+    # Without any top-k row the warpers skip the ranking, and the ids are placeholders.
+    some_top_k = tf.reduce_any(read_knob(knobs, "top_k", tf.int32) > 0)
+    complete = tf.reduce_all(finite_counts <= candidates.shape[-1]) & some_top_k
     return scores, SamplingCandidates(tf.sort(candidates, axis=-1), complete)

@@ -130,7 +130,8 @@ def apply_warpers(spec: ProcessorSpec, scores: tf.Tensor, knobs) -> tuple[tf.Ten
             top_p = per_row_knob(knobs, "top_p")
             scores = _when_any(top_p < 1.0, lambda scores: _top_p(scores, pool, top_p, keep), scores)
         if spec.min_p:
-            scores = _min_p(scores, per_row_knob(knobs, "min_p"), keep)
+            min_p = per_row_knob(knobs, "min_p")
+            scores = _when_any(min_p > 0.0, lambda scores: _min_p(scores, min_p, keep), scores)
         if spec.typical_p:
             mass = per_row_knob(knobs, "typical_p")
             scores = _when_any(mass < 1.0, lambda scores: _typical_p(scores, pool, mass, keep), scores)
@@ -143,8 +144,18 @@ def apply_warpers(spec: ProcessorSpec, scores: tf.Tensor, knobs) -> tuple[tf.Ten
     if not spec.top_k:
         return filter_distribution(scores, None), None
     cap = spec.top_k_cap if 0 < spec.top_k_cap < vocab_size else vocab_size
-    top_values, candidates = tf.math.top_k(scores, cap)
     top_k = read_knob(knobs, "top_k", tf.int32)
+    if cap == vocab_size:
+        # The full ranking doubles as top-p's and typical-p's sorted pool, so it is always computed.
+        top_values, candidates = tf.math.top_k(scores, cap)
+    else:
+        # Top-k is in every sampling program: when no row asks for it, skip the ranking (the -inf values drop
+        # nothing, and the placeholder ids are never used: see the pool choice below and `apply_processors`).
+        top_values, candidates = tf.cond(
+            tf.reduce_any(top_k > 0),
+            lambda: tuple(tf.math.top_k(scores, cap)),
+            lambda: (tf.fill(tf.shape(scores[:, :cap]), _NEG_INF), tf.zeros_like(scores[:, :cap], tf.int32)),
+        )
     kth = tf.gather(top_values, tf.clip_by_value(tf.maximum(top_k, keep), 1, cap)[:, None] - 1, batch_dims=1)
     scores = drop_tokens(scores, (top_k[:, None] > 0) & (scores < kth))
     if cap == vocab_size:
