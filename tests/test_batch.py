@@ -347,6 +347,24 @@ def test_tfrecord_input(tiny_model, tmp_path, caplog):
     assert rows == expected
 
 
+def test_stop_strings_end_rows_with_the_jobs_tokenizer(tiny_model, tokenizer):
+    options = dict(GREEDY, eos_token_id=None, pad_token_id=0)
+    free = batch_generate(tiny_model, PROMPT_IDS, batch_size=BATCH, window=6, **options)
+    # A word that row 0 writes mid-way: every row stops right after its first occurrence, none after the budget.
+    # Two digits (ids stay below 97), so no other token's text starts with it and matches.
+    stop_word = f"w{next(token for token in free[0]['token_ids'][1:] if token >= 10)}"
+    stopped = batch_generate(tiny_model, PROMPT_IDS, batch_size=BATCH, window=6, tokenizer=tokenizer,
+                             stop_strings=[stop_word], **options)
+    stop_id = tokenizer.encode(stop_word, add_special_tokens=False)[0]
+    for before, after in zip(free, stopped):
+        if stop_id in before["token_ids"]:
+            end = before["token_ids"].index(stop_id) + 1
+            assert (after["token_ids"], after["finish_reason"]) == (before["token_ids"][:end], "stop")
+        else:
+            assert (after["token_ids"], after["finish_reason"]) == (before["token_ids"], "length")
+    assert stopped[0]["finish_reason"] == "stop" and len(stopped[0]["token_ids"]) < MAX_NEW
+
+
 def test_options_a_batch_cannot_honour_per_row(tiny_model):
     with pytest.raises(ValueError, match="max_length"):
         batch_generate(tiny_model, PROMPT_IDS, max_length=20)
@@ -358,6 +376,12 @@ def test_options_a_batch_cannot_honour_per_row(tiny_model):
         batch_generate(tiny_model, PROMPT_IDS, seed=[1, 2, 3])
     with pytest.raises(ValueError, match="batch_size"):
         batch_generate(tiny_model, PROMPT_IDS, batch_size=0)
+    with pytest.raises(ValueError, match="max_time"):
+        batch_generate(tiny_model, PROMPT_IDS, max_time=5.0)
+    with pytest.raises(ValueError, match="stopping_criteria"):
+        batch_generate(tiny_model, PROMPT_IDS, stopping_criteria=[lambda ids, scores: ids[:, -1] == 5])
+    with pytest.raises(ValueError, match="stop_strings.*tokenizer"):
+        batch_generate(tiny_model, PROMPT_IDS, stop_strings=["w5"])
     elsewhere = tf.distribute.OneDeviceStrategy("/cpu:0")  # the model was not loaded under its scope
     with pytest.raises(ValueError, match=r"strategy\.scope\(\)"):
         batch_generate(tiny_model, PROMPT_IDS, strategy=elsewhere)

@@ -71,7 +71,8 @@ def batch_generate(
 
     Returns:
         One dict per prompt, in order: `id`, `text` (the continuation only), `token_ids` (generated ids, up to
-        and including eos) and `finish_reason` ("eos" or "length").
+        and including the one that ended the row) and `finish_reason` ("eos", "length", or "stop" for a
+        `stop_strings` match).
 
     Raises:
         ValueError naming every bad prompt (index and reason) before anything is generated.

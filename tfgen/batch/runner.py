@@ -26,6 +26,8 @@ _JOB_CONTROLLED_OPTIONS = {
     "attention_mask": "rows come from `prompts`",
     "max_length": "it counts the padded prompt, which depends on the batch; use max_new_tokens",
     "jit_compile": "batch jobs always run the compiled program",
+    "max_time": "a job runs whole groups; stop the job instead, it resumes where it stopped",
+    "stopping_criteria": "user criteria are traced per call; use stop_strings",
 }
 
 
@@ -36,6 +38,8 @@ def _resolve_job_config(model, generation_config, generate_kwargs) -> Generation
         if name in generate_kwargs:
             raise ValueError(f"{name}: not a batch option ({why}).")
     config = resolve_config(model, generation_config, generate_kwargs).config
+    if config.max_time is not None:
+        raise ValueError(f"max_time: not a batch option ({_JOB_CONTROLLED_OPTIONS['max_time']}).")
     if config.min_length:
         raise ValueError(
             f"min_length={config.min_length} counts the padded prompt, which depends on the batch; use min_new_tokens."
@@ -131,16 +135,17 @@ class BatchRunner:
         records of rows `[start, start + len(results))` in input order."""
         lengths = table.lengths
         for start, stop in windows(len(table), self.window, first_row):
-            new_tokens: list = [None] * (stop - start)
+            generated: list = [None] * (stop - start)
             for step in steps(plan_window(lengths, start, stop, self.batch_size, self.buckets), self.replicas):
-                for group, tokens in zip(step, self._run_step(table, step)):
-                    for row, row_tokens in zip(group.rows if group is not None else (), tokens):
-                        new_tokens[row - start] = row_tokens
-            yield start, self._records(table, start, new_tokens)
+                for group, outputs in zip(step, self._run_step(table, step)):
+                    for row, row_output in zip(group.rows if group is not None else (), outputs):
+                        generated[row - start] = row_output
+            yield start, self._records(table, start, generated)
 
-    def _records(self, table: PromptTable, start: int, new_tokens: list) -> list[dict]:
-        """Output records of rows `start, start + 1, ...` from their new tokens (int32 `[max_new_tokens]` each)."""
-        finished = [self._trim(tokens) for tokens in new_tokens]
+    def _records(self, table: PromptTable, start: int, generated: list) -> list[dict]:
+        """Output records of rows `start, start + 1, ...` from `(new tokens int32 [max_new_tokens], generated
+        length)` each."""
+        finished = [self._trim(tokens, length) for tokens, length in generated]
         token_lists = [tokens for tokens, _ in finished]
         texts = (
             self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
@@ -152,12 +157,13 @@ class BatchRunner:
             for offset, (text, (tokens, reason)) in enumerate(zip(texts, finished))
         ]
 
-    def _trim(self, tokens: np.ndarray) -> tuple[list, str]:
-        """The generated ids up to and including the first eos, and why the row stopped."""
-        hits = np.flatnonzero(np.isin(tokens, self.eos_ids)) if self.eos_ids else ()
-        if len(hits):
-            return tokens[: hits[0] + 1].tolist(), "eos"
-        return tokens.tolist(), "length"
+    def _trim(self, tokens: np.ndarray, length: int) -> tuple[list, str]:
+        """The row's generated ids (the first `length`, its last token included) and why it stopped: "eos",
+        "length" (its budget) or "stop" (a stop string)."""
+        tokens = tokens[:length]
+        if length and int(tokens[-1]) in self.eos_ids:
+            return tokens.tolist(), "eos"
+        return tokens.tolist(), "length" if length == self.max_new_tokens else "stop"
 
     def _request(self, table: Optional[PromptTable], group: Optional[Group], width: int) -> Request:
         """The generate request of one group at `width` columns (`None`: a filler group whose rows generate
@@ -174,13 +180,16 @@ class BatchRunner:
         if self.config.do_sample:
             seeds = np.zeros((self.batch_size, 2), np.int32)
             seeds[: len(rows)] = row_seeds(self.job_seed, [table.ids[row] for row in rows])
-        request = prepare_request(self.model, ids, generation_config=self.config, seed=seeds, attention_mask=mask)
+        request = prepare_request(
+            self.model, ids, generation_config=self.config, seed=seeds, attention_mask=mask, tokenizer=self.tokenizer
+        )
         budgets = np.zeros([self.batch_size], np.int32)
         budgets[: len(rows)] = self.max_new_tokens
         return request.with_budgets(budgets)
 
-    def _run_step(self, table: PromptTable, step: list[Optional[Group]]) -> list[np.ndarray]:
-        """Runs one group per replica; returns each group's new tokens int32 `[rows, max_new_tokens]`."""
+    def _run_step(self, table: PromptTable, step: list[Optional[Group]]) -> list[list]:
+        """Runs one group per replica; returns per group its rows' `(new tokens int32 [max_new_tokens], generated
+        length)`."""
         width = step[0].width
         requests = [self._request(table, group, width) for group in step]
         step_function, is_new = self._step_function(requests[0])
@@ -189,19 +198,19 @@ class BatchRunner:
         )
         guard = self.around_compile() if is_new else contextlib.nullcontext()
         with guard, announce_compile(requests[0], is_new, what=f"generate on {self.replicas} replica(s)"):
-            new_tokens = step_function(inputs).numpy()
-        per_replica = np.split(new_tokens, self.replicas)
+            new_tokens, lengths = (tensor.numpy() for tensor in step_function(inputs))
         # Strategies that return several rows per prompt (beams) put the chosen one first.
-        rows_per_prompt = len(per_replica[0]) // requests[0].spec.batch_size
-        return [
-            block[: len(group.rows) * rows_per_prompt : rows_per_prompt, : self.max_new_tokens]
-            if group is not None else block[:0]
-            for group, block in zip(step, per_replica)
-        ]
+        rows_per_prompt = len(new_tokens) // self.replicas // requests[0].spec.batch_size
+        results = []
+        for group, tokens, group_lengths in zip(step, np.split(new_tokens, self.replicas), np.split(lengths, self.replicas)):
+            chosen = slice(0, len(group.rows) * rows_per_prompt if group is not None else 0, rows_per_prompt)
+            results.append(list(zip(tokens[chosen, : self.max_new_tokens], group_lengths[chosen].tolist())))
+        return results
 
     def _step_function(self, request: Request):
         """Returns `(step_function, is_new)`: a tf.function running the request's compiled program on every
-        replica and gathering the new tokens `[replicas * rows, buffer_new_tokens]`; one per program, i.e. per
+        replica and gathering the new tokens `[replicas * rows, buffer_new_tokens]` and the generated lengths
+        `[replicas * rows]`; one per program, i.e. per
         `request.spec` (TPUStrategy.run must be called inside a tf.function)."""
         step_function = self._step_functions.get(request.spec)
         if step_function is not None:
@@ -209,11 +218,13 @@ class BatchRunner:
         program, _ = generate_program(self.model, request)
         strategy, new_columns = self.strategy, request.spec.buffer_new_tokens
 
+        def replica_step(replica_inputs):
+            result = program(replica_inputs)
+            return result["sequences"][:, -new_columns:], result["generated_lengths"]
+
         def step(inputs):
-            # A lambda, not `program` itself: MirroredStrategy.run hands a tf.function its PerReplica values unsplit.
-            new_tokens = strategy.run(lambda replica_inputs: program(replica_inputs)["sequences"][:, -new_columns:],
-                                      args=(inputs,))
-            return strategy.gather(new_tokens, axis=0)
+            # A function, not `program` itself: MirroredStrategy.run hands a tf.function its PerReplica values unsplit.
+            return tuple(strategy.gather(values, axis=0) for values in strategy.run(replica_step, args=(inputs,)))
 
         step_function = self._step_functions[request.spec] = tf.function(step)
         return step_function, True
