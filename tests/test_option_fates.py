@@ -144,3 +144,12 @@ def test_options_without_effect_warn_as_hf_does(tiny_model, tokenizer, name):
     value, context = WARNED[name]
     with pytest.warns(UserWarning, match=name):
         _generate(tiny_model, tokenizer, name, value, context)
+
+
+def test_an_option_without_effect_warns_once(tiny_model, tokenizer):
+    """The generation mode is worked out once per call, so its warning (an assisted-generation option in beam
+    search, ignored there as in HF) comes once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _generate(tiny_model, tokenizer, "prompt_lookup_num_tokens", 3, BEAMS)
+    assert [str(w.message).count("prompt_lookup_num_tokens") for w in caught if w.category is UserWarning] == [1]

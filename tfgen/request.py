@@ -150,9 +150,10 @@ def pad_token_id_of(config: GenerationConfig) -> int:
     return eos_ids[0] if eos_ids else 0
 
 
-def knob_values(config: GenerationConfig, batch_size: int, vocab_size: int) -> dict[str, np.ndarray]:
-    """Every run-time knob of `config`'s decoding for `batch_size` rows: the processors' and the strategy's."""
-    strategy = strategy_for(config.get_generation_mode())
+def knob_values(config: GenerationConfig, mode: GenerationMode, batch_size: int, vocab_size: int) -> dict:
+    """Every run-time knob of `config`'s decoding in `mode` for `batch_size` rows (numpy arrays): the processors'
+    and the strategy's."""
+    strategy = strategy_for(mode)
     return {**processor_knobs_from_config(config, batch_size, vocab_size), **strategy.runtime_knobs(config, batch_size)}
 
 
@@ -166,6 +167,7 @@ def knob_layout(knobs: dict) -> tuple:
 
 def decode_spec(
     config: GenerationConfig,
+    mode: GenerationMode,
     vocab_size: int,
     *,
     buffer_new_tokens: int,
@@ -177,11 +179,11 @@ def decode_spec(
     tokenizer=None,
     stopping_criteria: Sequence = (),
 ) -> DecodeSpec:
-    """The program key of `config`'s decoding. `processor_overrides`: `ProcessorSpec` fields forced (an export
+    """The program key of `config`'s decoding in `mode` (`config.get_generation_mode()`, computed once by the
+    caller: it may warn). `processor_overrides`: `ProcessorSpec` fields forced (an export
     forces the processors whose knobs it takes per request); batch and prompt width None: any (exports).
     `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop."""
     refuse_unsupported(config)
-    mode = config.get_generation_mode()
     stop_strings = _stop_string_tables(config, tokenizer, vocab_size)
     stopping_criteria = check_user_criteria(stopping_criteria)
     if (stop_strings is not None or stopping_criteria) and mode == GenerationMode.GROUP_BEAM_SEARCH:
@@ -252,7 +254,8 @@ def prepare_request(
     )
     options.update(criteria_options)
     config, explicit_max_length = resolve_config(model, generation_config, options, stacklevel=stacklevel + 1)
-    strategy = strategy_for(config.get_generation_mode())
+    mode = config.get_generation_mode()
+    strategy = strategy_for(mode)
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config)
 
@@ -290,10 +293,10 @@ def prepare_request(
     budgets[:batch_size] = max_new_tokens
     seeds = np.zeros([padded_batch, 2], np.int32)
     seeds[:batch_size] = row_seeds
-    knobs = knob_values(config, padded_batch, vocab_size)
+    knobs = knob_values(config, mode, padded_batch, vocab_size)
 
     spec = decode_spec(
-        config, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
+        config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
         batch_size=padded_batch, prompt_width=padded_len, user_processors=logits_processor or (),
         tokenizer=tokenizer, stopping_criteria=user_criteria,
     )

@@ -342,9 +342,9 @@ class _Exporter:
                 f"{', '.join(m.value for m in _EXPORTABLE_MODES)}"
             )
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
-        knobs = knob_values(config, 1, self.vocab_size)
+        knobs = knob_values(config, mode, 1, self.vocab_size)
         spec = decode_spec(
-            config, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
+            config, mode, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
             processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,
         )
         if spec not in self._decoders:
