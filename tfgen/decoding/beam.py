@@ -122,6 +122,15 @@ class BeamState(NamedTuple):
     search: Any
 
 
+class _StepSizes(NamedTuple):
+    batch_size: Any  # B prompts
+    prompt_width: Any  # T
+    vocab_size: int  # V
+    total: Any  # T + N buffer columns
+    prompt_rows: tf.Tensor  # int32 [B, 1]: each prompt's index
+    rules: StoppingRules
+
+
 class BeamLoopBase(DecodingLoop):
     """What beam search, beam sampling and group beam search share: `K = num_beams` rows per prompt, the cache
     reordered at the start of each step, and a strategy-specific `_choose(inputs, state)`."""
@@ -184,6 +193,19 @@ class BeamLoopBase(DecodingLoop):
 
     def _initial_search(self, inputs: DecodeInputs, decode: DecodeState):
         raise NotImplementedError
+
+    @staticmethod
+    def _sizes(inputs: DecodeInputs, decode: DecodeState) -> "_StepSizes":
+        """What every beam step derives from its inputs and state (static where the trace knows them)."""
+        batch_size = size_of(inputs.input_ids, 0)
+        return _StepSizes(
+            batch_size=batch_size,
+            prompt_width=size_of(inputs.input_ids, 1),
+            vocab_size=decode.logits.shape[-1],
+            total=size_of(decode.sequences, 1),
+            prompt_rows=tf.range(batch_size)[:, None],
+            rules=StoppingRules.from_knobs(inputs),
+        )
 
     def _choose(self, inputs: DecodeInputs, state: BeamState) -> BeamState:
         raise NotImplementedError
@@ -250,13 +272,9 @@ class BeamSearchLoop(BeamLoopBase):
     def _choose(self, inputs: DecodeInputs, state: BeamState) -> BeamState:
         spec, beams, decode, search = self.spec, self.beams, state.decode, state.search
         step = decode.step
-        batch_size, prompt_width = size_of(inputs.input_ids, 0), size_of(inputs.input_ids, 1)
-        vocab_size = decode.logits.shape[-1]
-        total = size_of(decode.sequences, 1)
+        batch_size, prompt_width, vocab_size, total, prompt_rows, rules = self._sizes(inputs, decode)
         candidates = static_candidates(inputs, beams)
         ranks = tf.range(candidates)
-        rules = StoppingRules.from_knobs(inputs)
-        prompt_rows = tf.range(batch_size)[:, None]
 
         context = processor_context(inputs, decode.sequences, step, beams)
         processed = apply_processors(

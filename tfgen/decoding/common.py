@@ -45,7 +45,8 @@ class DecodeState(NamedTuple):
     logits: float32 `[R, V]` raw logits for the token at `step`.
     next_position: int32 `[R]` position id of the next token (real tokens so far).
     finished: bool `[R]`, rows that will not change any more (eos, budget spent, or their search is done).
-    generated: int32 `[R]`, tokens each row chose before it finished (the finishing token included).
+    generated: int32 `[R]`, tokens each row chose before it finished (the finishing token included); kept by
+        the one-token-per-row loops (beam strategies count their hypotheses' tokens from `beam_indices`).
     scores / raw_logits: float32 `[N, R, V]` processed scores / raw logits per step, or `[0]` when not collected.
     """
 

@@ -11,7 +11,6 @@ from tfgen.decoding.beam import (
     IMPOSSIBLE,
     BeamLoopBase,
     BeamState,
-    StoppingRules,
     beam_knobs,
     repeat_knobs,
     static_candidates,
@@ -98,15 +97,11 @@ class GroupBeamSearchLoop(BeamLoopBase):
         spec, decode, search = self.spec, state.decode, state.search
         beams, groups, group_size = self.beams, self.groups, self.group_size
         step = decode.step
-        batch_size, prompt_width = size_of(inputs.input_ids, 0), size_of(inputs.input_ids, 1)
-        vocab_size = decode.logits.shape[-1]
-        total = size_of(decode.sequences, 1)
+        batch_size, prompt_width, vocab_size, total, prompt_rows, rules = self._sizes(inputs, decode)
         candidates = static_candidates(inputs, group_size)
         ranks = tf.range(candidates)
         group_knobs = repeat_knobs(inputs.knobs, group_size)
-        rules = StoppingRules.from_knobs(inputs)
         diversity_penalty = tf.convert_to_tensor(inputs.knobs["diversity_penalty"], tf.float32)
-        prompt_rows = tf.range(batch_size)[:, None]
 
         def hypothesis_score(summed_scores, length):
             """HF's `sum_logprobs / generated_len ** length_penalty`, in double precision: float64 `[B, C]`."""
