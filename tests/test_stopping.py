@@ -197,6 +197,9 @@ def test_hf_named_criteria_stand_for_their_options(model, tokenizer, batch):
         model.generate(ids, stopping_criteria=[tfgen.MaxLengthCriteria(10)], **common)
     with pytest.raises(ValueError, match="max_time"):
         model.generate(ids, max_time=5.0, stopping_criteria=[tfgen.MaxTimeCriteria(3.0)], **common)
+    # A built-in criterion inside a nested list still stands for its option (never traced with a frozen clock).
+    nested = tfgen.StoppingCriteriaList([tfgen.StoppingCriteriaList([tfgen.StopStringCriteria(tokenizer, stop_strings)])])
+    np.testing.assert_array_equal(model.generate(ids, stopping_criteria=[nested], **common).numpy(), by_option)
     with pytest.raises(TypeError, match="stopping_criteria"):
         model.generate(ids, stopping_criteria=[42], **common)
     # The criteria classes also work on their own, on HF-shaped ids.

@@ -202,7 +202,6 @@ def decode_spec(
         buffer_new_tokens=buffer_new_tokens,
         processor_spec=processor_spec,
         knob_layout=knob_layout(knobs),
-        eos_slots=len(padded_token_ids(config.eos_token_ids())),
         batch_size=batch_size,
         prompt_width=prompt_width,
         output_scores=bool(config.output_scores) and bool(config.return_dict_in_generate),

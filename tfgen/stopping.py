@@ -141,7 +141,7 @@ def split_stopping_criteria(stopping_criteria, config, options: dict, tokenizer)
         return options[option] if option in options else getattr(config, option)
 
     user, added = [], {}
-    for criterion in check_user_criteria(stopping_criteria):
+    for criterion in check_user_criteria(_flattened(stopping_criteria)):
         if isinstance(criterion, MaxLengthCriteria):
             raise ValueError("stopping_criteria: a MaxLengthCriteria duplicates generate's own length limit; set "
                              "max_length or max_new_tokens instead.")
@@ -164,3 +164,12 @@ def split_stopping_criteria(stopping_criteria, config, options: dict, tokenizer)
                              f"({current(option)!r}); give one of them.")
         added[option] = value
     return tuple(user), added, tokenizer
+
+
+def _flattened(criteria) -> list:
+    """`criteria` with nested `StoppingCriteriaList`s opened, so a built-in criterion inside one still stands for
+    its option (a `MaxTimeCriteria` traced into the loop would read the clock once, at trace time)."""
+    flat = []
+    for criterion in criteria or ():
+        flat.extend(_flattened(criterion) if isinstance(criterion, StoppingCriteriaList) else [criterion])
+    return flat

@@ -31,8 +31,8 @@ class DecodeSpec:
     Hashable and compared by value, so it is the program cache's key. `batch_size` / `prompt_width` are the
     program's row count and prompt columns (bucketed), or None in an exported signature, which takes any.
     `options` are the strategy's static options as sorted `(name, value)` pairs (e.g. `num_beams`).
-    `knob_layout` is `(name, shape, dtype)` of each knob with the batch axis left out, and `eos_slots` the
-    length of the eos-id vector, so that inputs of another layout never reach a program traced for this one.
+    `knob_layout` is `(name, shape, dtype)` of each knob with the batch axis left out (the eos-id vector's
+    length among them), so that inputs of another layout never reach a program traced for this one.
     User logits processors and stopping criteria take part by identity (`*_ids`).
     """
 
@@ -41,7 +41,6 @@ class DecodeSpec:
     buffer_new_tokens: int
     processor_spec: ProcessorSpec
     knob_layout: tuple
-    eos_slots: int
     batch_size: Optional[int] = None
     prompt_width: Optional[int] = None
     output_scores: bool = False
