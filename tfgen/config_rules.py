@@ -47,7 +47,12 @@ _NUMERIC_RULES: dict[str, tuple[type, bool, Callable[[Any], bool], str]] = {
 # Knob attributes HF never sets to None.
 _REQUIRED_KNOBS = ("min_length", "length_penalty")
 # HF accepts temperature 0 in a config (greedy search ignores it); the knob's "> 0" is checked when sampling.
-_CONFIG_RANGES = {"temperature": (_at_least(0), ">= 0")}
+_CONFIG_RANGES = {
+    "temperature": (lambda value: value == 0 or KNOBS["temperature"].is_valid(value),
+                    "0 (greedy) or " + KNOBS["temperature"].requirement)
+}
+# Programs hold counts, lengths and token ids as int32.
+_INT32_LIMIT = 2**31
 
 
 def _knob_rules() -> dict[str, tuple[type, bool, Callable[[Any], bool], str]]:
@@ -87,8 +92,8 @@ def _token_id_list(name: str, value: Any, accepted: str) -> list[int]:
     if not well_formed:
         raise TypeError(f"`{name}` must be {_TOKEN_ID_SHAPES[accepted]}, got {value!r}.")
     ids = [value] if is_scalar else list(value)
-    if any(token < 0 for token in ids):
-        raise ValueError(f"`{name}` must hold token ids >= 0, got {value!r}.")
+    if any(token < 0 or token >= _INT32_LIMIT for token in ids):
+        raise ValueError(f"`{name}` must hold token ids >= 0 and below 2**31, got {value!r}.")
     return ids
 
 
@@ -105,6 +110,8 @@ def check_options(config: Any) -> None:
             raise TypeError(f"`{name}` must be {expected}, got {value!r} ({type(value).__name__}).")
         if not in_range(value):
             raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
+        if kind is int and not -_INT32_LIMIT <= value < _INT32_LIMIT:
+            raise ValueError(f"`{name}` must be {expected} and below 2**31 (programs hold it as int32), got {value!r}.")
     for name in _BOOL_FLAGS:
         value = getattr(config, name)
         if not (isinstance(value, bool) or (value is None and name in _OPTIONAL_BOOL_FLAGS)):

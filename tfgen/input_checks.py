@@ -120,7 +120,12 @@ def check_seed(seed, batch_size: int, do_sample: bool, *, stacklevel: int = 4) -
 def check_callables(entries, argument: str, expected: str) -> tuple:
     """`entries` (None or an iterable) as a tuple; TypeError naming `argument` unless each entry is a callable
     instance (a class is a common slip: `[MyProcessor]` for `[MyProcessor()]`). `expected` describes one entry."""
-    entries = tuple(entries or ())
+    if callable(entries) and not isinstance(entries, (list, tuple)) and not hasattr(entries, "__iter__"):
+        raise TypeError(f"{argument} must be a list of {expected}; wrap a single one in a list: [{entries!r}]")
+    try:
+        entries = tuple(entries or ())
+    except TypeError:
+        raise TypeError(f"{argument} must be a list of {expected}, got {entries!r}") from None
     for entry in entries:
         if isinstance(entry, type) or not callable(entry):
             raise TypeError(f"{argument} entries must be {expected}, got {entry!r}")

@@ -42,8 +42,27 @@ class Knob:
     config_kind: Optional[type] = None
 
     def is_valid(self, value) -> bool:
-        """Whether a Python number (or every element of an array) meets the knob's condition."""
-        return self.valid is None or bool(np.all(self.valid(np.asarray(value))))
+        """Whether a Python number (or every element of an array) is representable in the knob's dtype (ints in
+        range, floats finite once rounded to it: 1e-50 is 0 in float32, 1e39 is inf) and meets its condition."""
+        array = np.asarray(value)
+        if np.issubdtype(self.dtype, np.integer):
+            limits = np.iinfo(self.dtype)
+            if array.dtype == object or not np.all((array >= limits.min) & (array <= limits.max)):
+                return False
+        elif np.issubdtype(self.dtype, np.floating):
+            with np.errstate(over="ignore", under="ignore"):
+                array = array.astype(self.dtype)
+            # XLA flushes subnormal floats to zero: a temperature of 1e-45 would divide by 0.
+            if not np.all(np.isfinite(array) & ((array == 0) | (np.abs(array) >= np.finfo(self.dtype).tiny))):
+                return False
+        return self.valid is None or bool(np.all(self.valid(array)))
+
+    def in_graph_valid(self, values):
+        """The knob's condition on a tensor of its dtype (an exported signature's request check): bool tensor."""
+        inside = values == values if self.valid is None else self.valid(values)
+        if np.issubdtype(self.dtype, np.floating):
+            inside = inside & (abs(values) < _INF) & ((values == 0) | (abs(values) >= np.finfo(self.dtype).tiny))
+        return inside
 
     def fill(self, batch_size: int, value=None) -> np.ndarray:
         """The knob's input for `batch_size` rows (per-row knobs) holding `value` (None: neutral)."""
@@ -69,11 +88,14 @@ def _between(low=None, high=None, *, low_open=False, high_open=False) -> Callabl
 _POSITIVE = _between(0, low_open=True)
 _NON_NEGATIVE = _between(0)
 _PROBABILITY = _between(0, 1)
+# Float knobs must be finite and normal once rounded to float32 (XLA flushes subnormals to zero).
+_POSITIVE_FLOAT32 = "> 0, finite and at least 1.2e-38 (float32's smallest normal number)"
 
 _DECLARED = [
     # Sampling warpers (HF order) and the processors' per-row values.
-    Knob("temperature", np.float32, neutral=1.0, valid=_POSITIVE, requirement="> 0", config_kind=float),
-    Knob("top_k", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (0 = no top-k)", config_kind=int),
+    Knob("temperature", np.float32, neutral=1.0, valid=_POSITIVE, requirement=_POSITIVE_FLOAT32, config_kind=float),
+    Knob("top_k", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (0 = no top-k; < 2**31)",
+         config_kind=int),
     Knob("top_p", np.float32, neutral=1.0, valid=_between(0, 1, low_open=True), requirement="in (0, 1]",
          config_kind=float),
     Knob("min_p", np.float32, neutral=0.0, valid=_PROBABILITY, requirement="in [0, 1]", config_kind=float),
@@ -83,9 +105,10 @@ _DECLARED = [
          config_kind=float),
     Knob("eta_cutoff", np.float32, neutral=0.0, valid=_between(0, 1, high_open=True), requirement="in [0, 1)",
          config_kind=float),
-    Knob("repetition_penalty", np.float32, neutral=1.0, valid=_POSITIVE, requirement="> 0", config_kind=float),
-    Knob("min_length", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0", config_kind=int),
-    Knob("min_new_tokens", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0", config_kind=int),
+    Knob("repetition_penalty", np.float32, neutral=1.0, valid=_POSITIVE, requirement=_POSITIVE_FLOAT32,
+         config_kind=float),
+    Knob("min_length", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (and < 2**31)", config_kind=int),
+    Knob("min_new_tokens", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (and < 2**31)", config_kind=int),
     Knob("exponential_decay_start", np.int32, neutral=0),
     Knob("exponential_decay_factor", np.float32, neutral=1.0),
     # One bias per biased sequence (`ProcessorSpec.sequence_bias` order); the row shape is set per request.
@@ -101,9 +124,11 @@ _DECLARED = [
     Knob("length_penalty", np.float64, neutral=1.0, valid=_between(-_INF, _INF, low_open=True, high_open=True),
          requirement="a finite number", config_kind=float),
     Knob("early_stopping", np.int32, neutral=0, valid=_between(0, 2), requirement="0, 1 or 2"),
-    Knob("diversity_penalty", np.float32, neutral=0.0, valid=_NON_NEGATIVE, requirement=">= 0", config_kind=float),
+    Knob("diversity_penalty", np.float32, neutral=0.0, valid=_NON_NEGATIVE, requirement=">= 0 and finite",
+         config_kind=float),
     # Contrastive search: float64 because HF forms `1 - alpha` in double precision.
-    Knob("penalty_alpha", np.float64, neutral=0.0, valid=_NON_NEGATIVE, requirement=">= 0", config_kind=float),
+    Knob("penalty_alpha", np.float64, neutral=0.0, valid=_NON_NEGATIVE, requirement=">= 0 and finite",
+         config_kind=float),
 ]
 
 #: Every knob of `DecodeInputs.knobs`, by name.

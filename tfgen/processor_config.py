@@ -7,6 +7,7 @@ plain Python and numpy: the knob arrays are fed to the compiled program, which n
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -17,7 +18,6 @@ from tfgen.processors import ProcessorSpec
 # The smallest static top-k candidate count (a power of two); see `ProcessorSpec.top_k_cap`.
 _MIN_TOP_K_CAP = 64
 
-# Options whose HF processors have no counterpart here (HF name -> is it set to a non-neutral value?).
 def _option(config, name: str) -> Any:
     """The config's attribute `name`, None when it has none (a config may be any object with HF's names)."""
     return getattr(config, name, None)
@@ -31,6 +31,10 @@ def _token_ids(value, name: str, vocab_size: int) -> tuple[int, ...]:
     if any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < vocab_size for i in ids):
         raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), got {value!r}")
     return tuple(int(i) for i in ids)
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _positive_int(value, name: str) -> int:
@@ -65,6 +69,8 @@ def _sequence_bias_items(value, vocab_size: int) -> dict[tuple[int, ...], float]
     for sequence, bias in pairs:
         if not isinstance(sequence, (list, tuple)) or not sequence:
             raise ValueError(f"sequence_bias keys must be non-empty token-id sequences, got {sequence!r}")
+        if not isinstance(bias, (int, float, np.integer, np.floating)) or isinstance(bias, bool) or math.isnan(bias):
+            raise ValueError(f"sequence_bias: the bias of {tuple(sequence)} must be a number (not NaN), got {bias!r}")
         items[_token_ids(list(sequence), "sequence_bias", vocab_size)] = float(bias)
     return items
 
@@ -134,7 +140,16 @@ def _active_options(config, vocab_size: int) -> dict[str, Any]:
             raise ValueError(f"exponential_decay_length_penalty must be (start_index, decay_factor), got {decay!r}")
         if not eos:
             raise ValueError("exponential_decay_length_penalty needs an eos_token_id")
-        decay = (int(decay[0]), float(decay[1]))
+        start, factor = decay
+        if not _is_integer(start) or not 0 <= start < 2**31:
+            raise ValueError(f"exponential_decay_length_penalty: start_index must be an integer in [0, 2**31), "
+                             f"got {start!r}")
+        if not isinstance(factor, (int, float, np.integer, np.floating)) or isinstance(factor, bool) or not (
+            math.isfinite(factor) and factor > 0
+        ):
+            raise ValueError(f"exponential_decay_length_penalty: decay_factor must be a finite number > 0, "
+                             f"got {factor!r}")
+        decay = (int(start), float(factor))
     active["exponential_decay_length_penalty"] = decay
     return active
 

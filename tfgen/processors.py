@@ -163,6 +163,27 @@ def check_user_processors(user_processors) -> tuple:
     )
 
 
+def _user_processed(index: int, processor, sequences: tf.Tensor, scores: tf.Tensor, cur_len) -> tf.Tensor:
+    """`processor(sequences, scores, cur_len)` as float32 scores of `scores`' shape; an exception while tracing it,
+    or a result of another shape or a non-float dtype, is an error naming `logits_processor[index]` (a wrong
+    shape would otherwise broadcast into garbage)."""
+    where = f"logits_processor[{index}] ({getattr(processor, '__name__', type(processor).__name__)})"
+    try:
+        result = processor(sequences, scores, cur_len)
+    except Exception as error:  # noqa: BLE001 (any failure of user code is reported as that code's)
+        raise TypeError(f"{where} raised {type(error).__name__} while generate traced it: {error}") from error
+    try:
+        result = tf.convert_to_tensor(result)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{where} must return scores as a float tensor, got {type(result).__name__}") from error
+    if not result.dtype.is_floating:
+        raise TypeError(f"{where} must return float scores, got dtype {result.dtype.name}")
+    if result.shape.rank != 2 or not result.shape.is_compatible_with(scores.shape):
+        raise ValueError(f"{where} must return scores of shape {scores.shape} [batch, vocab] like its input, "
+                         f"got {result.shape}")
+    return tf.cast(result, tf.float32)
+
+
 class SamplingCandidates(NamedTuple):
     """The tokens a draw from processed scores can pick, when top-k filtering narrows them down.
 
@@ -247,8 +268,8 @@ def apply_processors(
         suppressed = read_knob(knobs, "begin_suppress_tokens", tf.bool)[None, :]
         scores = drop_tokens(scores, tf.equal(cur_len, begin_index) & suppressed)
 
-    for processor in user_processors:
-        scores = tf.convert_to_tensor(processor(ctx.sequences, scores, ctx.start + cur_len), tf.float32)
+    for index, processor in enumerate(user_processors):
+        scores = _user_processed(index, processor, ctx.sequences, scores, ctx.start + cur_len)
 
     scores, candidates = apply_warpers(spec, scores, knobs)
     if spec.renormalize_logits:

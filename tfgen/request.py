@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
 from tfgen.input_checks import check_attention_mask, check_input_ids, check_seed, pop_input_ids, resolve_lengths
+from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
 from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec
 from tfgen.decoding.strategies import strategy_for
@@ -24,10 +25,12 @@ from tfgen.knobs import KNOBS, padded_token_ids
 from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
 from tfgen.processors import check_user_processors
 from tfgen.random import derive_seeds
+from tfgen.request_size import check_request_fits
 from tfgen.stop_strings import stop_string_tables
 from tfgen.stopping import check_user_criteria, split_stopping_criteria
 from tfgen.unsupported import refuse_unsupported
 
+_BEAM_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.GROUP_BEAM_SEARCH)
 # generate() keywords that are not GenerationConfig attributes.
 MODEL_INPUT_KWARGS = ("input_ids", "attention_mask")
 
@@ -141,13 +144,18 @@ def resolve_config(
     return ResolvedConfig(config, "max_length" in options)
 
 
-def pad_token_id_of(config: GenerationConfig) -> int:
+def pad_token_id_of(config: GenerationConfig, vocab_size: Optional[int] = None) -> int:
     """The id written after a row finished: `pad_token_id`, else HF's convention for models without a pad token,
-    the (first) eos id, else 0."""
+    the (first) eos id, else 0. With `vocab_size`, a pad id outside the vocabulary is a ValueError (the model
+    embeds pad columns, and a lookup out of range fails eagerly and reads garbage under XLA)."""
     if config.pad_token_id is not None:
-        return int(config.pad_token_id)
-    eos_ids = config.eos_token_ids()
-    return eos_ids[0] if eos_ids else 0
+        pad_token_id = int(config.pad_token_id)
+    else:
+        eos_ids = config.eos_token_ids()
+        pad_token_id = eos_ids[0] if eos_ids else 0
+    if vocab_size is not None and not 0 <= pad_token_id < vocab_size:
+        raise ValueError(f"pad_token_id: {pad_token_id} is outside the model's vocabulary [0, {vocab_size}).")
+    return pad_token_id
 
 
 def knob_values(config: GenerationConfig, mode: GenerationMode, batch_size: int, vocab_size: int) -> dict:
@@ -192,13 +200,17 @@ def decode_spec(
             "greedy and contrastive search do)."
         )
     strategy = strategy_for(mode)
+    static_options = strategy.static_options(config)
+    if mode == GenerationMode.CONTRASTIVE_SEARCH and static_options["top_k"] > vocab_size:
+        raise ValueError(f"top_k: contrastive search ranks top_k={static_options['top_k']} candidates, more than "
+                         f"the vocabulary's {vocab_size} tokens.")
     processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
     if processor_overrides:
         processor_spec = dataclasses.replace(processor_spec, **processor_overrides)
     user_processors = check_user_processors(user_processors)
     return DecodeSpec(
         mode=mode,
-        options=tuple(sorted(strategy.static_options(config).items())),
+        options=tuple(sorted(static_options.items())),
         buffer_new_tokens=buffer_new_tokens,
         processor_spec=processor_spec,
         knob_layout=knob_layout(knobs),
@@ -212,6 +224,14 @@ def decode_spec(
         stopping_criteria=stopping_criteria,
         stopping_criteria_ids=tuple(id(criterion) for criterion in stopping_criteria),
     )
+
+
+def _is_empty_prompt(array) -> bool:
+    """Whether `array` is a `[batch, 0]` array-like (a tokenizer's encoding of "")."""
+    try:
+        return array is not None and np.ndim(array) == 2 and np.shape(array)[1] == 0
+    except ValueError:  # ragged rows: check_input_ids says so
+        return False
 
 
 def _stop_string_tables(config: GenerationConfig, tokenizer, vocab_size: int):
@@ -256,9 +276,12 @@ def prepare_request(
     mode = config.get_generation_mode()
     strategy = strategy_for(mode)
     eos_ids = config.eos_token_ids()
-    pad_token_id = pad_token_id_of(config)
+    pad_token_id = pad_token_id_of(config, vocab_size)
 
+    empty_prompt = _is_empty_prompt(input_ids)
     input_ids = check_input_ids(input_ids, config, vocab_size)
+    if empty_prompt and attention_mask is not None and _is_empty_prompt(attention_mask):
+        attention_mask = None  # the empty prompt's mask; the prompt is now the bos token (a tokenizer's "" encoding)
     attention_mask = check_attention_mask(attention_mask, input_ids, pad_token_id, eos_ids, stacklevel=stacklevel + 1)
     batch_size, prompt_len = input_ids.shape
     max_new_tokens = resolve_lengths(config, prompt_len, model_config, explicit_max_length)
@@ -270,8 +293,18 @@ def prepare_request(
             f"for, but the model has only {max_positions} positions."
         )
 
+    if mode in _BEAM_MODES and not bool(length_penalty_fits(config.length_penalty, max_new_tokens)):
+        raise ValueError(
+            f"length_penalty: {config.length_penalty!r} is too large in magnitude for {max_new_tokens} new tokens: "
+            f"length ** length_penalty would leave float32 and every beam would score alike (|length_penalty| × "
+            f"ln(max_new_tokens) must stay <= {LENGTH_PENALTY_EXPONENT_LIMIT:g})."
+        )
     row_seeds = check_seed(seed, batch_size, bool(config.do_sample), stacklevel=stacklevel + 1)
     num_return = int(config.num_return_sequences or 1)
+    buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
+    expanded_batch = batch_size * num_return if strategy.host_expands_return_sequences else batch_size
+    check_request_fits(model, config, mode, buckets.batch(expanded_batch),
+                       buckets.prompt_length(prompt_len) + buckets.new_tokens(max_new_tokens))
     if num_return > 1 and strategy.host_expands_return_sequences:
         input_ids = np.repeat(input_ids, num_return, axis=0)
         attention_mask = np.repeat(attention_mask, num_return, axis=0)
@@ -279,7 +312,6 @@ def prepare_request(
         row_seeds = derive_seeds(np.repeat(row_seeds, num_return, axis=0), copies).numpy()
         batch_size *= num_return
 
-    buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
     padded_batch = buckets.batch(batch_size)
     padded_len = buckets.prompt_length(prompt_len)
     start = padded_len - prompt_len

@@ -105,6 +105,18 @@ def _cutoff(scores, epsilon, min_tokens_to_keep: int, *, entropy_scaled: bool) -
     return drop_tokens(scores, (probs < cut) & (scores < _kth_largest(scores, min_tokens_to_keep)))
 
 
+def _divide_by_temperature(scores: tf.Tensor, temperature: tf.Tensor) -> tf.Tensor:
+    """HF's `scores / temperature` (float32 `[B, V]` by `[B, 1]`), except in rows where that overflows float32 (a
+    temperature such as 1e-40): there HF's softmax turns NaN, and this divides `scores - row maximum` instead —
+    the same distribution wherever both are defined, and the greedy limit (the top score 0, the rest -inf) where
+    HF's is not."""
+    divided = scores / temperature
+    finite = tf.math.is_finite(scores)
+    overflowed = tf.reduce_any(tf.math.is_inf(divided) & finite, axis=-1, keepdims=True)
+    row_max = tf.reduce_max(tf.where(finite, scores, _NEG_INF), axis=-1, keepdims=True)
+    return tf.where(overflowed, (scores - row_max) / temperature, divided)
+
+
 def _when_any(asked: tf.Tensor, warp, scores: tf.Tensor) -> tf.Tensor:
     """`warp(scores)` when any row asks for it (`asked` bool `[B, 1]`), else `scores` unchanged. The sampling
     warpers are always in a sampling program (so switching them on is never a new program); this keeps a
@@ -123,7 +135,7 @@ def apply_warpers(spec: ProcessorSpec, scores: tf.Tensor, knobs) -> tuple[tf.Ten
     vocab_size = scores.shape[-1]
     keep = spec.min_tokens_to_keep
     if spec.temperature:
-        scores = scores / per_row_knob(knobs, "temperature")
+        scores = _divide_by_temperature(scores, per_row_knob(knobs, "temperature"))
 
     def filter_distribution(scores, pool):
         if spec.top_p:

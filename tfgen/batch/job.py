@@ -17,6 +17,7 @@ from tqdm import tqdm
 from tfgen.batch.distribute import agree_on_start
 from tfgen.batch.inputs import input_records, prompt_records
 from tfgen.batch.jobfiles import JobFiles
+from tfgen.batch.joblock import OutputLock
 from tfgen.batch.options import DEFAULT_BATCH_SIZE, DEFAULT_SEED, ON_ERROR
 from tfgen.batch.rows import bad_rows_message, build_table, list_bad_rows
 from tfgen.batch.runner import BatchRunner
@@ -40,6 +41,17 @@ class BatchJobResult:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """What `run_batch_job` raises when Ctrl-C (SIGINT) stops it: a `KeyboardInterrupt` that says where the job
+    stands. The rows committed before it (`saved` of `rows`; None on a worker that does not write) stay in the
+    job's files and its lock is released, so the same call, or command, resumes the job."""
+
+    def __init__(self, output: str, saved: Optional[int], rows: int):
+        self.output, self.saved, self.rows = output, saved, rows
+        done = "" if saved is None else f" ({saved} of {rows} rows are saved in {output}.partial)"
+        super().__init__(f"interrupted{done}; run the job again with the same arguments to resume it")
 
 
 def batch_generate(
@@ -110,8 +122,12 @@ def run_batch_job(
     Output: `output_path` gets one JSON object per valid row, in input order (see `batch_generate`). The job
     is crash-safe: windows are appended to `<output>.partial` with flush + fsync, and a rerun with the same
     arguments checks `<output>.job.json`, cuts a torn last line, skips the rows already written and ends with
-    every row exactly once, identical to an uninterrupted run. On several workers
-    (MultiWorkerMirroredStrategy) every worker runs this with the same arguments; only the chief writes.
+    every row exactly once, identical to an uninterrupted run. While it runs it holds a lock on
+    `<output>.lock` (`flock`, released by the OS if the process dies): a second run on the same output raises
+    ValueError naming the first's pid and host. A finished job records its output's row count and sha256; a run
+    that finds the output truncated or changed raises ValueError instead of calling the job done. On several
+    workers (MultiWorkerMirroredStrategy) every worker runs this with the same arguments; only the chief writes.
+    Ctrl-C raises `JobInterrupted` (a KeyboardInterrupt) after releasing the lock; the job resumes when rerun.
 
     on_error: "stop" raises ValueError naming every bad row (line number and reason) before generating;
     "skip" leaves them out, logs them (a warning) and writes them to `<output>.skipped.jsonl`.
@@ -122,6 +138,8 @@ def run_batch_job(
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     runner = BatchRunner(model, strategy, generation_config, tokenizer, batch_size, window, seed, generate_kwargs)
+    if runner.strategy.extended.should_checkpoint:  # other workers write nothing, and lock nothing
+        OutputLock(os.fspath(output_path)).check_free()
     records, unit = input_records(os.fspath(input_path), input_format)
     table, bad = build_table(records, runner.rules(unit))
     if bad and on_error == "stop":
@@ -129,6 +147,25 @@ def run_batch_job(
         raise ValueError(bad_rows_message(bad, f"input {input_path}") + hint)
     settings = {**runner.settings(), "input": table.fingerprint(), "rows": len(table)}
     files = JobFiles(os.fspath(output_path))
+    try:
+        written, new_tokens, seconds = _run_job(runner, table, bad, settings, files, progress, progress_stream)
+    except KeyboardInterrupt:
+        raise JobInterrupted(files.output, files.rows_written, len(table)) from None
+    finally:
+        files.close()  # the lock goes, whatever happened; what was written stays for the next run
+    return BatchJobResult(
+        output=files.output,
+        rows=len(table),
+        skipped=len(bad),
+        resumed_from=written,
+        new_tokens=new_tokens,
+        seconds=seconds,
+    )
+
+
+def _run_job(runner: BatchRunner, table, bad, settings: dict, files: JobFiles, progress: bool, progress_stream):
+    """Opens (or resumes) the job's files and generates the missing rows into them; returns (rows written before
+    this run, tokens generated, seconds)."""
     is_writer = runner.strategy.extended.should_checkpoint
     written = None
     if is_writer:
@@ -160,14 +197,7 @@ def run_batch_job(
             bar.update(len(fresh))
         if is_writer and not files.complete:
             files.finish(settings)
-    return BatchJobResult(
-        output=files.output,
-        rows=len(table),
-        skipped=len(bad),
-        resumed_from=written,
-        new_tokens=new_tokens,
-        seconds=time.monotonic() - started,
-    )
+    return written, new_tokens, time.monotonic() - started
 
 
 def _progress_bar(total: int, done: int, stream, enabled: bool) -> tqdm:

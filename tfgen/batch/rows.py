@@ -106,11 +106,15 @@ def _check_record(record, rules: RowRules) -> tuple[Optional[str], Any]:
     row_id = record["id"]
     if isinstance(row_id, bool) or not isinstance(row_id, (int, str)):
         return f"'id' must be a string or an integer, got {row_id!r}", None
+    if isinstance(row_id, str) and (problem := _not_text(row_id, "'id'")):
+        return problem, None  # the id could not be written to the output (nor to the skipped-rows file)
     if ("prompt" in record) == ("input_ids" in record):
         return "needs exactly one of 'prompt' (text) and 'input_ids' (token ids)", row_id
     if "prompt" in record:
         if not isinstance(record["prompt"], str):
             return f"'prompt' must be a string, got {type(record['prompt']).__name__}", row_id
+        if problem := _not_text(record["prompt"], "'prompt'"):
+            return problem, row_id
         if rules.tokenizer is None:
             return "has a text 'prompt' but no tokenizer was given (pass one, or give 'input_ids')", row_id
         return None, row_id
@@ -118,6 +122,35 @@ def _check_record(record, rules: RowRules) -> tuple[Optional[str], Any]:
     if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
         return "'input_ids' must be a list of integers", row_id
     return None, row_id
+
+
+def _not_text(value: str, name: str) -> Optional[str]:
+    """What makes `value` something other than text, or None. JSON's `\\ud800` escapes decode to lone UTF-16
+    surrogates, which no UTF-8 file or tokenizer can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (
+            f"{name} holds a lone surrogate {value[error.start]!r} at character {error.start}, which is not text "
+            "(UTF-8 cannot encode it)"
+        )
+    return None
+
+
+def _encode(texts: list[str], tokenizer) -> list:
+    """Token ids per text, or the exception that text raised: the whole chunk in one tokenizer call, and text by
+    text only when that call fails, so one text the tokenizer refuses is one bad row, not an aborted job."""
+    try:
+        return tokenizer(texts, padding=False, return_tensors=None)["input_ids"]
+    except Exception:  # retried text by text below, where each failure becomes that text's row's reason
+        pass
+    encoded = []
+    for text in texts:
+        try:
+            encoded.append(tokenizer([text], padding=False, return_tensors=None)["input_ids"][0])
+        except Exception as error:  # whatever the tokenizer raises, it is about this text
+            encoded.append(error)
+    return encoded
 
 
 def _check_tokens(tokens: list, rules: RowRules) -> tuple[Optional[str], list]:
@@ -173,9 +206,13 @@ def build_table(records: Iterable[tuple[int, Any]], rules: RowRules) -> tuple[Pr
             else:
                 bad.append(BadRow(number, row_id, problem, rules.unit))
         texts = [record["prompt"] for _, _, record in accepted if "prompt" in record]
-        encoded = iter(rules.tokenizer(texts, padding=False, return_tensors=None)["input_ids"] if texts else ())
+        encoded = iter(_encode(texts, rules.tokenizer) if texts else ())
         for number, row_id, record in accepted:
-            problem, tokens = _check_tokens(next(encoded) if "prompt" in record else record["input_ids"], rules)
+            tokens = next(encoded) if "prompt" in record else record["input_ids"]
+            if isinstance(tokens, Exception):
+                problem = f"the tokenizer failed on 'prompt': {type(tokens).__name__}: {tokens}"
+            else:
+                problem, tokens = _check_tokens(tokens, rules)
             if problem is None:
                 ids.append(row_id)
                 prompts.append(np.asarray(tokens, np.int32))

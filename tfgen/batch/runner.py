@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import Optional
 
@@ -60,15 +62,46 @@ def _backing_variable(variable):
 
 
 def _model_digest(model) -> str:
-    """A cheap identity of the weights (names, shapes and the first values of each floating-point variable), to
-    refuse resuming a job with another model. Integer state such as a dropout seed differs per process."""
+    """sha256 over the model's architecture config and every value of every weight (with its position, shape
+    and dtype), to refuse resuming a job with another model or a changed weight.
+
+    The weights are Keras's `model.weights` (what `save_weights` writes: no random-generator state, which differs
+    per process); a model without them (a plain `tf.Module`) gives its `variables` less the integer and boolean
+    ones (such state). Variable names are left out: Keras prefixes them with the model's name, which is
+    uniquified per process (the second model loaded is "..._1"), so the same checkpoint would not match itself.
+    """
     digest = hashlib.sha256()
-    for variable in model.variables:
-        value = np.asarray(variable.numpy())
-        if value.dtype.kind != "f":
-            continue
-        digest.update(f"{getattr(variable, 'path', variable.name)}{value.shape}{value.dtype}".encode())
-        digest.update(np.ascontiguousarray(value.reshape(-1)[:64]).tobytes())
+    config = getattr(getattr(model, "config", None), "to_dict", None)
+    if callable(config):
+        digest.update(json.dumps(config(), sort_keys=True, default=str).encode())
+    weights = getattr(model, "weights", None)
+    if weights is None:
+        weights = [v for v in model.variables if not (tf.as_dtype(v.dtype).is_integer or v.dtype == tf.bool)]
+    for index, variable in enumerate(weights):
+        # One variable at a time on the host (a few seconds per GB of weights: cheap next to generating with them).
+        value = np.ascontiguousarray(variable.numpy())
+        digest.update(f"{index}:{value.shape}:{value.dtype.str}:{value.dtype.name};".encode())
+        digest.update(memoryview(value.reshape(-1).view(np.uint8)))
+    return digest.hexdigest()
+
+
+def _tokenizer_digest(tokenizer) -> Optional[str]:
+    """sha256 of the files `tokenizer.save_pretrained` writes (vocabulary, merges, special tokens, padding
+    side): it decodes the output's `text` and matches `stop_strings`. None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    save_pretrained = getattr(tokenizer, "save_pretrained", None)
+    if not callable(save_pretrained):
+        raise TypeError(
+            f"tokenizer: a batch job needs a tokenizer with save_pretrained (a tfgen.Tokenizer), to record which "
+            f"tokenizer wrote its text; got {type(tokenizer).__name__}"
+        )
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as directory:
+        save_pretrained(directory)
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name), "rb") as file:
+                digest.update(f"{name}:".encode() + hashlib.sha256(file.read()).digest())
     return digest.hexdigest()
 
 
@@ -99,7 +132,7 @@ class BatchRunner:
         self.config = _resolve_job_config(model, generation_config, generate_kwargs)
         self.max_new_tokens = int(self.config.max_new_tokens)
         self.eos_ids = self.config.eos_token_ids()
-        self.pad_id = pad_token_id_of(self.config)
+        self.pad_id = pad_token_id_of(self.config, int(model.config.vocab_size))
         self.buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
         self.replicas = self.strategy.num_replicas_in_sync
         self._step_functions: dict = {}
@@ -123,6 +156,7 @@ class BatchRunner:
         """Everything besides the input that decides the output (a resumed job must match it exactly)."""
         return {
             "model": _model_digest(self.model),
+            "tokenizer": _tokenizer_digest(self.tokenizer),
             "generation_config": json.loads(self.config.to_json_string()),
             "seed": self.job_seed.tolist(),
             "batch_size": self.batch_size,

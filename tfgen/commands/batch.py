@@ -25,7 +25,8 @@ def add_parser(subparsers) -> None:
         help="generate for every prompt of a JSONL/TFRecord file (multi-device, resumable)",
         description="Rows are JSONL objects {\"id\": ..., \"prompt\": \"...\"} or {\"id\": ..., \"input_ids\": [...]}, "
         "or tf.train.Example records with features id and input_ids (or prompt). Results go to OUTPUT in input "
-        "order; rerunning the same command after a crash resumes where the last complete window ended.",
+        "order; rerunning the same command after a crash or Ctrl-C resumes where the last complete window ended. "
+        "A second run on the same OUTPUT is refused while the first runs (lock file OUTPUT.lock).",
     )
     parser.add_argument(
         "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
@@ -69,13 +70,16 @@ def run(args) -> int:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
 
-    from tfgen.batch import make_strategy, run_batch_job
+    from tfgen.batch import JobInterrupted, make_strategy, run_batch_job
+    from tfgen.batch.joblock import OutputLock
     from tfgen.defaults import default_model_path
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.tokenizer import Tokenizer
 
     model_path = args.model or default_model_path()
     strategy = make_strategy(args.strategy, tpu=args.tpu)
+    if strategy.extended.should_checkpoint:
+        OutputLock(args.output).check_free()  # refuse a second run on this output before loading the model
     try:
         tokenizer = Tokenizer.from_pretrained(args.tokenizer or model_path)
     except OSError as error:
@@ -93,20 +97,28 @@ def run(args) -> int:
         "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty,
     }
-    result = run_batch_job(
-        model,
-        args.input,
-        args.output,
-        strategy=strategy,
-        batch_size=args.batch_size,
-        window=args.window,
-        tokenizer=tokenizer,
-        seed=args.seed,
-        on_error=args.on_error,
-        input_format=args.input_format,
-        progress=not args.no_progress,
-        **{name: value for name, value in options.items() if value is not None},
-    )
+    try:
+        result = run_batch_job(
+            model,
+            args.input,
+            args.output,
+            strategy=strategy,
+            batch_size=args.batch_size,
+            window=args.window,
+            tokenizer=tokenizer,
+            seed=args.seed,
+            on_error=args.on_error,
+            input_format=args.input_format,
+            progress=not args.no_progress,
+            **{name: value for name, value in options.items() if value is not None},
+        )
+    except KeyboardInterrupt as interrupt:
+        # Ctrl-C is how a job is paused: one line saying how to go on, not a traceback; 130 is the shell's status
+        # for a process ended by SIGINT.
+        saved = getattr(interrupt, "saved", None) if isinstance(interrupt, JobInterrupted) else None
+        where = "" if saved is None else f" ({saved} of {interrupt.rows} rows are saved in {interrupt.output}.partial)"
+        print(f"tfgen batch: interrupted{where}; run the same command again to resume.", file=sys.stderr)
+        return 130
     where = result.output if strategy.extended.should_checkpoint else f"{result.output} (written by the chief)"
     print(
         f"tfgen batch: {result.rows} rows in {where} ({result.resumed_from} already done, "

@@ -73,6 +73,20 @@ def repeat_knobs(knobs: dict, copies: int) -> dict:
     return repeat_per_row(knobs, copies, lambda value, n: tf.repeat(value, n, axis=0))
 
 
+# Beam scores are float32 sums of log-probabilities divided by `length ** length_penalty`: past e**80 the divisor
+# (or its inverse, times the summed log-probabilities) leaves float32 (max e**88.7), every hypothesis scores 0 or
+# -inf and the ranking is arbitrary. So |length_penalty| * ln(longest generated length) must stay within this.
+LENGTH_PENALTY_EXPONENT_LIMIT = 80.0
+
+
+def length_penalty_fits(length_penalty, max_new_tokens) -> tf.Tensor:
+    """Element-wise bool: whether `length ** length_penalty` stays within float32 for every generated length up
+    to `max_new_tokens` (float64 / int arrays or tensors of one shape; see `LENGTH_PENALTY_EXPONENT_LIMIT`)."""
+    longest = tf.maximum(tf.cast(tf.convert_to_tensor(max_new_tokens), tf.float64), 1.0)
+    length_penalty = tf.cast(tf.convert_to_tensor(length_penalty, dtype_hint=tf.float64), tf.float64)
+    return tf.abs(length_penalty) * tf.math.log(longest) <= LENGTH_PENALTY_EXPONENT_LIMIT
+
+
 def length_divisor(length: tf.Tensor, length_penalty: tf.Tensor) -> tf.Tensor:
     """float32 `length ** length_penalty`, computed in double precision like HF's Python `int ** float`."""
     return tf.cast(tf.pow(tf.cast(length, tf.float64), length_penalty), tf.float32)

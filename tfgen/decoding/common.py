@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfgen.processors import ProcessorContext
@@ -200,6 +201,16 @@ def commit_tokens(state: DecodeState, inputs: DecodeInputs, tokens: tf.Tensor, p
     )
 
 
+def softmax_limit(scores: tf.Tensor) -> tf.Tensor:
+    """`scores` float32 `[B, V]` with a defined softmax: NaN entries become -inf, and in a row holding +inf (a
+    penalty or bias that overflowed float32) the +inf entries become 0 and the rest -inf — the limit the softmax
+    tends to as those scores grow, where the plain softmax is NaN everywhere (HF's sampling raises on it)."""
+    scores = tf.where(tf.math.is_nan(scores), -np.inf, scores)
+    positive_inf = tf.equal(scores, np.inf)
+    return tf.where(tf.reduce_any(positive_inf, axis=-1, keepdims=True),
+                    tf.where(positive_inf, 0.0, -np.inf), scores)
+
+
 def sample_from_scores(scores: tf.Tensor, row_seeds: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """Draws one token per row from `softmax(scores)` by inverse CDF: int32 `[B]`.
 
@@ -207,6 +218,7 @@ def sample_from_scores(scores: tf.Tensor, row_seeds: tf.Tensor, step: tf.Tensor)
     step, so a row's draw does not depend on its neighbours. A zero-probability token is never returned:
     the first index whose cumulative mass exceeds the target has positive mass by construction.
     """
+    scores = softmax_limit(scores)
     probs = tf.nn.softmax(scores, axis=-1)
     cdf = tf.cumsum(probs, axis=-1)
     target = uniform_per_row(row_seeds, step) * cdf[:, -1]

@@ -21,6 +21,7 @@ from tfgen.decoding.common import (
     prefill,
     processor_context,
     size_of,
+    softmax_limit,
     write_at,
 )
 from tfgen.decoding.loop import DecodingLoop
@@ -105,7 +106,7 @@ class ContrastiveSearchLoop(DecodingLoop):
 
         context = processor_context(inputs, decode.sequences, decode.step)
         processed = apply_processors(spec.processor_spec, decode.logits, context, inputs.knobs, spec.user_processors)
-        top_probs, top_ids = tf.math.top_k(tf.nn.softmax(processed), top_k)
+        top_probs, top_ids = tf.math.top_k(tf.nn.softmax(softmax_limit(processed)), top_k)
 
         index = prompt_width + decode.step
         buffer_mask = write_at(decode.buffer_mask, tf.ones_like(decode.next_position), index)

@@ -19,6 +19,10 @@ from tfgen.decoding.loop import DecodeSpec, DecodingLoop
 from tfgen.decoding.sampling import GreedyOrSampleLoop
 
 
+def _beams(config: GenerationConfig) -> int:
+    return int(config.num_beams)
+
+
 def _no_knobs(config: GenerationConfig, batch_size: int) -> dict[str, np.ndarray]:
     return {}
 
@@ -33,12 +37,15 @@ class Strategy:
         `DecodeInputs.knobs`: values that must not recompile, e.g. `length_penalty`.
     host_expands_return_sequences: True when the request layer repeats each prompt `num_return_sequences` times
         before decoding (independent samples); False when the loop itself returns that many rows per prompt.
+    cache_rows_per_prompt: config -> how many cache rows the loop keeps per prompt (beams, contrastive
+        candidates), for the up-front memory estimate.
     """
 
     loop: type[DecodingLoop]
     static_options: Callable[[GenerationConfig], dict]
     runtime_knobs: Callable[[GenerationConfig, int], dict] = _no_knobs
     host_expands_return_sequences: bool = False
+    cache_rows_per_prompt: Callable[[GenerationConfig], int] = lambda config: 1
 
     def make_loop(self, model, spec: DecodeSpec) -> DecodingLoop:
         return self.loop(model, spec)
@@ -51,10 +58,15 @@ STRATEGIES: dict[GenerationMode, Strategy] = {
     GenerationMode.SAMPLE: Strategy(
         GreedyOrSampleLoop, lambda config: {"do_sample": True}, host_expands_return_sequences=True
     ),
-    GenerationMode.BEAM_SEARCH: Strategy(BeamSearchLoop, beam_options, beam_knobs),
-    GenerationMode.BEAM_SAMPLE: Strategy(BeamSearchLoop, beam_options, beam_knobs),
-    GenerationMode.GROUP_BEAM_SEARCH: Strategy(GroupBeamSearchLoop, group_beam_options, group_beam_knobs),
-    GenerationMode.CONTRASTIVE_SEARCH: Strategy(ContrastiveSearchLoop, contrastive_options, contrastive_knobs),
+    GenerationMode.BEAM_SEARCH: Strategy(BeamSearchLoop, beam_options, beam_knobs, cache_rows_per_prompt=_beams),
+    GenerationMode.BEAM_SAMPLE: Strategy(BeamSearchLoop, beam_options, beam_knobs, cache_rows_per_prompt=_beams),
+    GenerationMode.GROUP_BEAM_SEARCH: Strategy(
+        GroupBeamSearchLoop, group_beam_options, group_beam_knobs, cache_rows_per_prompt=_beams
+    ),
+    GenerationMode.CONTRASTIVE_SEARCH: Strategy(
+        ContrastiveSearchLoop, contrastive_options, contrastive_knobs,
+        cache_rows_per_prompt=lambda config: int(config.top_k),
+    ),
 }
 
 

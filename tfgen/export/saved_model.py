@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
 from tfgen.decoding.common import DecodeInputs
-from tfgen.decoding.loop import generate_all
+from tfgen.decoding.loop import DecodeSpec, generate_all
 from tfgen.decoding.strategies import make_loop
 from tfgen.export.signatures import (
     DEFAULT_CONTRASTIVE_TOP_K,
@@ -32,10 +32,12 @@ from tfgen.export.signatures import (
     ExportChoices,
     SignatureSpec,
 )
+from tfgen.export.request_checks import request_checks
 from tfgen.export.text_graph import InGraphTokenizer
 from tfgen.knobs import KNOBS, declared, padded_token_ids
 from tfgen.random import derive_seeds, philox4x32
 from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
+from tfgen.request_size import check_request_fits
 
 EXPORT_INFO_FILE = "tfgen_export.json"
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
@@ -120,6 +122,8 @@ def export_saved_model(
     buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
     choices = _export_choices(config, num_beams, contrastive_top_k)
     exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer, "generate_text" in names, choices)
+    for name in names:  # every signature's options and sizes are checked before the first is traced
+        exporter.plan(SIGNATURES[name])
     functions = {name: exporter.concrete_function(SIGNATURES[name]) for name in names}
     if not jit_compile:
         xla_ops = _xla_only_ops(functions.values())
@@ -267,7 +271,7 @@ class _Exporter:
         self.buffer_new_tokens = buffer_new_tokens
         self.jit_compile = jit_compile
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
-        self.pad_token_id = pad_token_id_of(config)
+        self.pad_token_id = pad_token_id_of(config, self.vocab_size)
         self.eos_vector = padded_token_ids(config.eos_token_ids())
         self.module = tf.Module()
         self.module.model_variables = _model_variables(model)
@@ -293,7 +297,9 @@ class _Exporter:
                 input_ids, attention_mask = self.text.encode(inputs["text"])
             else:
                 input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
-            with tf.control_dependencies(self._checks(input_ids, attention_mask, inputs, spec.row_inputs)):
+            checks = request_checks(input_ids, attention_mask, inputs, spec.row_inputs, vocab_size=self.vocab_size,
+                                    max_positions=self.max_positions, buffer_new_tokens=self.buffer_new_tokens)
+            with tf.control_dependencies(checks):
                 input_ids = tf.identity(input_ids)
             outputs = decoder(input_ids, attention_mask, {name: inputs[name] for name in spec.row_inputs})
             if spec.text:
@@ -304,32 +310,9 @@ class _Exporter:
         # No autograph: the code branches on Python values only, and converting it costs seconds per trace.
         return tf.function(serve, input_signature=[input_specs], autograph=False).get_concrete_function()
 
-    def _checks(self, input_ids, attention_mask, inputs, row_inputs) -> list:
-        """Assert ops rejecting a bad request with InvalidArgumentError (TF Serving answers 400)."""
-        batch_size = tf.shape(input_ids)[0]
-        real_tokens = tf.reduce_sum(attention_mask, axis=1)
-        conditions = [
-            (tf.reduce_all(tf.equal(tf.shape(input_ids), tf.shape(attention_mask))),
-             "attention_mask must have the shape of input_ids"),
-            (tf.shape(input_ids)[1] > 0, "input_ids: the prompt must hold at least one token"),
-            (tf.reduce_all((input_ids >= 0) & (input_ids < self.vocab_size)),
-             f"input_ids: token ids must be in [0, {self.vocab_size})"),
-            (tf.reduce_all((attention_mask == 0) | (attention_mask == 1)), "attention_mask must hold only 0 and 1"),
-            (tf.reduce_all(real_tokens > 0), "attention_mask: every row needs at least one token"),
-        ]
-        if self.max_positions is not None:
-            conditions.append((tf.reduce_all(real_tokens <= self.max_positions),
-                               f"input_ids: a prompt has more tokens than the model's {self.max_positions} positions"))
-        for name in row_inputs:
-            knob, values = declared(name), inputs[name]
-            conditions.append((tf.equal(tf.shape(values)[0], batch_size), f"{name} must have one row per prompt"))
-            if knob.valid is not None:
-                conditions.append((tf.reduce_all(knob.valid(values)), f"{name} must be {knob.requirement}"))
-        return [tf.debugging.Assert(condition, [message]) for condition, message in conditions]
-
-    def _decoder(self, signature: SignatureSpec):
-        """`(input_ids, attention_mask, row_inputs) -> outputs` for the signature's decoding, traced once per
-        distinct program (signatures decoding alike share one, and so one XLA compilation per shape)."""
+    def plan(self, signature: SignatureSpec) -> tuple[DecodeSpec, dict]:
+        """The program key of the signature's decoding and its knob values for one row, every option and size
+        checked (nothing is traced)."""
         with warnings.catch_warnings():
             # Options the override makes irrelevant (e.g. temperature under greedy) are not the caller's doing.
             warnings.simplefilter("ignore", UserWarning)
@@ -341,12 +324,20 @@ class _Exporter:
                 f"generation_config: mode {mode.value!r} cannot be exported yet; these can: "
                 f"{', '.join(m.value for m in _EXPORTABLE_MODES)}"
             )
+        # One prompt row of one token is the least any call of the signature decodes: refuse an export no call fits.
+        check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens)
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
         knobs = knob_values(config, mode, 1, self.vocab_size)
         spec = decode_spec(
             config, mode, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
             processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,
         )
+        return spec, knobs
+
+    def _decoder(self, signature: SignatureSpec):
+        """`(input_ids, attention_mask, row_inputs) -> outputs` for the signature's decoding, traced once per
+        distinct program (signatures decoding alike share one, and so one XLA compilation per shape)."""
+        spec, knobs = self.plan(signature)
         if spec not in self._decoders:
             self._decoders[spec] = tf.function(
                 lambda inputs: generate_all(make_loop(self.model, spec), inputs),
