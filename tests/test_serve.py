@@ -42,10 +42,19 @@ def exports(tmp_path_factory, tiny_model):
     return build_exports(tmp_path_factory, tiny_model)
 
 
+_LOADED: dict = {}
+
+
+def load_tiny_export(exports):
+    """The portable export loaded for serving, once per process (test_serve_reliability.py serves it too)."""
+    if "model" not in _LOADED:
+        _LOADED["model"] = load_export(os.path.dirname(exports.portable), MODEL)
+    return _LOADED["model"]
+
+
 @pytest.fixture(scope="module")
 def server(exports):
-    served = ModelServer(load_export(os.path.dirname(exports.portable), MODEL), port=0,
-                         max_request_bytes=MAX_REQUEST_BYTES)
+    served = ModelServer(load_tiny_export(exports), port=0, max_request_bytes=MAX_REQUEST_BYTES)
     start_in_thread(served)
     yield served
     served.shutdown()

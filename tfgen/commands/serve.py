@@ -7,12 +7,15 @@ import logging
 import os
 import tempfile
 
-logger = logging.getLogger(__name__)
+from tfgen.serving_options import (  # TF-free, so `tfgen serve --help` answers without TensorFlow
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_PORT,
+    check_port_free,
+    check_server_options,
+)
 
-# tfgen.serving's defaults, repeated because it imports TensorFlow and `tfgen serve --help` must answer without it
-# (tests/test_cli.py checks that the two agree).
-DEFAULT_PORT = 8501
-DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> None:
@@ -35,14 +38,21 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model-name", help="name in the URLs (default: EXPORT_DIR's folder name)")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_BYTES})")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections served at once, one thread each; more are answered 503 with Retry-After "
+                        f"(default {DEFAULT_MAX_CONNECTIONS})")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    # Bad options and a port in use are reported before the model is loaded (or exported: a minute).
+    check_server_options(port=args.port, max_request_bytes=args.max_request_bytes,
+                         max_connections=args.max_connections)
+    check_port_free(args.host, args.port)
     from tfgen.serving import serve
 
     options = dict(host=args.host, port=args.port, model_name=args.model_name,
-                   max_request_bytes=args.max_request_bytes)
+                   max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
     if args.export_dir is not None:
         serve(args.export_dir, **options)
         return 0

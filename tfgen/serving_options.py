@@ -1,0 +1,49 @@
+"""The options of `tfgen serve` / `tfgen.serving.ModelServer`, their defaults and checks. TF-free, so that
+`tfgen serve --help` shows the defaults and the command refuses a bad option or a port in use at once, before it
+imports TensorFlow or spends time loading (or exporting) a model."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+DEFAULT_PORT = 8501  # TF Serving's REST port
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 64
+
+
+def check_server_options(*, port: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                         max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+    """Raises ValueError naming the first bad option: port in 0..65535 (0: any free port), positive limits."""
+    if not _is_int(port) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in 0..65535 (0: any free port), got {port!r}")
+    for name, value in (("max_request_bytes", max_request_bytes), ("max_connections", max_connections)):
+        if not _is_int(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises ValueError for a bad port, OSError ("port 8501 is in use ...") when the server could not listen on
+    host:port now."""
+    check_server_options(port=port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise OSError(bind_failure(host, port, error)) from None
+
+
+def bind_failure(host: str, port: int, error: OSError) -> str:
+    """One line saying why the server cannot listen on host:port."""
+    if error.errno == errno.EADDRINUSE:
+        return f"port {port} is in use on {host}: stop the other server or choose another port (0: any free port)"
+    if error.errno == errno.EACCES:
+        return f"port {port} on {host}: permission denied (ports below 1024 need privileges)"
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return f"host {host!r} is not an address of this machine ({error.strerror or error})"
+    return f"cannot listen on {host}:{port}: {error.strerror or error}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
