@@ -54,6 +54,17 @@ def tiny_model(tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def model_dir(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint plus the word-level tokenizer ("w3" ... "w96"), as `--model` expects (read-only)."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("word_level_model")
+    shutil.copytree(tiny_checkpoint[0], directory, dirs_exist_ok=True)
+    word_level_tokenizer().save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
 def hf_model(tiny_checkpoint):
     return tiny_checkpoint[1]
 

@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +24,6 @@ from tfgen import Tokenizer, defaults
 from tfgen.batch import batch_generate, row_seeds, run_batch_job
 from tfgen.cli import main
 
-from conftest import word_level_tokenizer
-
 BATCH = 4
 MAX_NEW = 8
 SEED = (3, 4)
@@ -35,15 +32,6 @@ GREEDY = dict(do_sample=False, max_new_tokens=MAX_NEW)
 _rng = np.random.default_rng(0)
 # Ragged lengths (1-14 tokens), so groups need left padding and sorting reorders rows.
 PROMPT_IDS = [_rng.integers(3, 97, size=int(n)).tolist() for n in _rng.integers(1, 15, size=10)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint plus the word-level tokenizer ("w3" ... "w96"), as `tfgen batch --model` expects."""
-    directory = tmp_path_factory.mktemp("batch_model")
-    shutil.copytree(tiny_checkpoint[0], directory, dirs_exist_ok=True)
-    word_level_tokenizer().save_pretrained(directory)
-    return str(directory)
 
 
 @pytest.fixture(scope="module")

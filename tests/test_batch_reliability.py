@@ -26,7 +26,7 @@ from tfgen.batch import JobInterrupted, batch_generate, run_batch_job
 from tfgen.batch.jobfiles import JobFiles
 from tfgen.batch.joblock import OutputLock
 
-from conftest import TINY_GPT2, word_level_tokenizer
+from conftest import TINY_GPT2
 
 BATCH = 4
 SEED = (3, 4)
@@ -45,15 +45,6 @@ def input_lines():
     lines.insert(4, '{"id": "s1", "prompt": "w5 \\ud800 w6"}')  # line 5: valid JSON, not text
     lines.insert(8, '{"id": "x\\udfff", "prompt": "w7"}')  # line 9: the id is not text
     return lines
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint plus the word-level tokenizer, as `tfgen batch --model` expects."""
-    directory = tmp_path_factory.mktemp("reliability_model")
-    shutil.copytree(tiny_checkpoint[0], directory, dirs_exist_ok=True)
-    word_level_tokenizer().save_pretrained(directory)
-    return str(directory)
 
 
 @pytest.fixture(scope="module")

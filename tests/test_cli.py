@@ -1,5 +1,6 @@
 """The `tfgen` command line: `generate` end to end on a tiny checkpoint with a tokenizer, `--help` without
-TensorFlow, no TensorFlow log lines, and the shipped model as the default of `export` and `serve`."""
+TensorFlow, no TensorFlow log lines, the shipped model as the default of `export` and `serve`, one-line errors for
+hostile arguments, and Ctrl-C (status 130, no traceback, a second Ctrl-C ends the process at once)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +21,6 @@ from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.cli import main
 
 from conftest import TINY_GPT2, word_level_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint plus a word-level tokenizer over its 97 ids."""
-    directory = tmp_path_factory.mktemp("cli_model")
-    shutil.copytree(tiny_checkpoint[0], directory, dirs_exist_ok=True)
-    word_level_tokenizer().save_pretrained(directory)
-    return str(directory)
 
 
 def expected_text(model_dir, prompt, **options):
@@ -222,3 +216,201 @@ def test_serve_help_defaults_match_the_server():
 
     assert serve_command.DEFAULT_PORT == tfgen.serving.DEFAULT_PORT
     assert serve_command.DEFAULT_MAX_REQUEST_BYTES == tfgen.serving.DEFAULT_MAX_REQUEST_BYTES
+
+
+# --- hostile arguments ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "-3"], "max_new_tokens"),
+    (["--max-new-tokens", "99999999999"], "max_new_tokens"),
+    (["--do-sample", "--seed", "99999999999", "1"], "seed"),
+    (["--do-sample", "--temperature", "nan"], "temperature"),
+    (["--top-p", "nan", "--do-sample"], "top_p"),
+], ids=["zero_tokens", "negative_tokens", "huge_tokens", "huge_seed", "nan_temperature", "nan_top_p"])
+def test_hostile_generate_options_are_one_clear_line(model_dir, capsys, options, named):
+    assert main(["generate", "--model", model_dir, "w5"] + options) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tfgen: error:") and named in err, err
+
+
+def test_empty_prompt_starts_from_bos(model_dir, tiny_model, capsys):
+    """The README's promise: `tfgen generate ""` continues the model's bos token (was a mask-shape error)."""
+    assert main(["generate", "--model", model_dir, "", "--max-new-tokens", "5", "--greedy", "--no-stream"]) == 0
+    expected = tiny_model.generate(np.array([[TINY_GPT2["bos_token_id"]]]), max_new_tokens=5, do_sample=False)
+    assert capsys.readouterr().out.strip() == word_level_tokenizer().decode(expected[0].numpy(), True).strip() != ""
+
+
+def test_empty_prompt_without_bos_is_one_clear_line(model_dir, tmp_path, capsys):
+    no_bos = tmp_path / "no_bos"
+    shutil.copytree(model_dir, no_bos)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((no_bos / name).read_text())
+        config["bos_token_id"] = None
+        (no_bos / name).write_text(json.dumps(config))
+    assert main(["generate", "--model", str(no_bos), "", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tfgen: error:") and "bos_token_id" in err
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["generate", "\udcff"], "argument prompt"),
+    (["generate", "w5", "--stop-string", "ok", "--stop-string", "b\udce9te"], "argument --stop-string"),
+    (["export", "out\udcff"], "argument OUT_DIR"),
+], ids=["prompt", "stop_string", "out_dir"])
+def test_arguments_that_are_not_utf8_are_one_clear_line(capsys, argv, named):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape): refused before anything runs."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tfgen: error:") and named in err and "UTF-8" in err
+    assert "\\x" in err  # the offending bytes, as bytes
+
+
+@pytest.mark.parametrize("option, value", [("--num-beams", "1000000"), ("--num-beams", "1"),
+                                           ("--contrastive-top-k", "0"), ("--max-new-tokens", "-1")])
+def test_export_refuses_sizes_out_of_range_before_loading_the_model(tmp_path, capsys, option, value):
+    missing_model = str(tmp_path / "no-such-model")  # never looked at: the range check answers first
+    assert main(["export", str(tmp_path / "out"), "--model", missing_model, option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{option} must be in" in err and "no-such-model" not in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_while_compiling_ends_with_130_and_one_line():
+    """SIGINT half a second after the compile notice, while XLA compiles the shipped model's program (seconds; its
+    200 tokens then take about one more): one line, status 130, no traceback."""
+    command = [sys.executable, "-m", "tfgen.cli", "generate", "def f(x):", "--greedy", "--max-new-tokens", "200"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "compiling generate" in line:
+                time.sleep(0.5)
+                process.send_signal(signal.SIGINT)
+                break
+        _, rest = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    err = "".join(seen) + rest
+    assert process.returncode == 130, err
+    assert err.rstrip().endswith("tfgen: interrupted") and "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+# A stand-in for a long XLA compile: the main thread blocked in C, where Python cannot run its signal handler
+# (glibc's sigwait retries on EINTR), until SIGUSR2 releases it.
+BLOCKED_IN_C = """
+import ctypes, signal, sys
+from tfgen.interrupts import interrupt_guard
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+libc = ctypes.CDLL(None)
+wait_set, got = ctypes.create_string_buffer(128), ctypes.c_int()
+libc.sigemptyset(wait_set)
+libc.sigaddset(wait_set, int(signal.SIGUSR2))
+try:
+    with interrupt_guard():
+        print("blocked", flush=True)
+        libc.sigwait(wait_set, ctypes.byref(got))
+        for _ in range(100):
+            sum(range(1000))
+        print("interrupt lost", flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+"""
+
+
+@pytest.mark.parametrize("second_signal", [signal.SIGINT, signal.SIGUSR2], ids=["second_sigint", "compile_returns"])
+def test_sigint_during_a_blocking_c_call(second_signal):
+    """The first SIGINT cannot stop C code, but is acted on as soon as control returns to Python; a second SIGINT
+    ends the process at once (status 130, one line) even while the main thread is still in C."""
+    process = subprocess.Popen([sys.executable, "-c", BLOCKED_IN_C], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout.readline() == "blocked\n"
+        time.sleep(0.3)  # into sigwait (it prints just before)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert process.poll() is None  # still in C
+        process.send_signal(second_signal)
+        sent = time.monotonic()
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert time.monotonic() - sent < 10
+    if second_signal == signal.SIGINT:
+        assert (process.returncode, out, err) == (130, "", "tfgen: interrupted\n")
+    else:
+        assert (process.returncode, out, err) == (0, "KeyboardInterrupt\n", "")
+
+
+def swallow_an_interrupt():
+    """Like library code with a bare `except:` (Keras's `shape()`, TensorFlow's ConcreteFunctionGarbageCollector)."""
+    try:
+        signal.raise_signal(signal.SIGINT)  # Python runs the handler right here, inside the `try`
+    except BaseException:
+        pass
+
+
+def test_an_interrupt_lost_in_library_code_is_delivered_again(capsys):
+    from tfgen.interrupts import REDELIVERY_SECONDS, interrupt_guard
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), interrupt_guard():
+        swallow_an_interrupt()  # the first KeyboardInterrupt is lost ...
+        while time.monotonic() - started < 20:  # ... and the command would carry on
+            time.sleep(0.01)
+    assert REDELIVERY_SECONDS <= time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+class InterruptedFinalizer:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)  # its KeyboardInterrupt escapes __del__, where Python cannot raise it
+
+
+def test_an_interrupt_raised_in_a_finalizer_is_delivered_again_without_a_report(capsys):
+    from tfgen.interrupts import interrupt_guard
+
+    reports = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, reports.append
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_guard():
+            instance = InterruptedFinalizer()
+            del instance  # Python would print "Exception ignored in ...: KeyboardInterrupt" and carry on
+            time.sleep(20)  # the interrupt comes again, and ends the wait as a Ctrl-C does
+    finally:
+        sys.unraisablehook = previous_hook
+    assert time.monotonic() - started < 10
+    assert reports == []
+
+
+def test_an_interrupt_that_tensorflow_turns_into_an_error_still_ends_as_interrupted(monkeypatch, capsys):
+    """TensorFlow reports a KeyboardInterrupt raised while it converts a Python sequence as a ValueError ("Attempt to
+    convert a value ... with an unsupported type"): the command still ends as interrupted, not as bad input."""
+    import tensorflow as tf
+
+    from tfgen.commands import generate
+
+    class InterruptedWhileConverted:
+        signalled = False
+
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, index):
+            if not self.signalled:  # one Ctrl-C (TensorFlow tries more than one way to convert)
+                self.signalled = True
+                signal.raise_signal(signal.SIGINT)
+            raise IndexError(index)
+
+    def run(args):
+        tf.constant(InterruptedWhileConverted())
+
+    monkeypatch.setattr(generate, "run", run)
+    assert main(["generate", "w5"]) == 130
+    assert capsys.readouterr().err == "tfgen: interrupted\n"

@@ -4,7 +4,8 @@ Parsing imports no TensorFlow (the command modules import it in their handlers),
 `tfgen CMD --help` answer at once. A command's run is quiet: TensorFlow's C++ log lines are held to
 `TF_CPP_MIN_LOG_LEVEL` (3, errors that end the process, unless set) including the ones it prints before reading
 it, TensorFlow's Python warnings (retracing) are hidden at level 2 and above, and tfgen's own messages (the
-compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only).
+compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only). Bad input is one line on stderr and
+status 2 (arguments that are not UTF-8 included); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.interrupts`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 import re
 import sys
 import tempfile
+
+from tfgen.interrupts import INTERRUPTED_MESSAGE, INTERRUPTED_STATUS, interrupt_guard
 
 # Modules whose `add_parser(subparsers)` registers one subcommand each.
 SUBCOMMAND_MODULES = [
@@ -35,9 +38,43 @@ _ABSL_EARLY_NOTICE = "WARNING: All log messages before absl::InitializeLog() is 
 _SEVERITY_LEVELS = {"I": 0, "W": 1, "E": 2, "F": 3}
 
 
+class TextArgumentParser(argparse.ArgumentParser):
+    """An `ArgumentParser` (its subcommands' parsers too) that refuses an argument which is not valid UTF-8 text.
+
+    On POSIX, argv bytes that are not UTF-8 reach Python as lone surrogates ("surrogateescape"); they would fail
+    later, deep in the tokenizer or a file name, with an error naming nothing. Raises ValueError naming the argument.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            values = getattr(namespace, action.dest, None)
+            for value in values if isinstance(values, (list, tuple)) else [values]:
+                if isinstance(value, str) and not _is_utf8(value):
+                    name = "/".join(action.option_strings) or action.metavar or action.dest
+                    raise ValueError(f"argument {name} is not valid UTF-8 text ({_raw_bytes(value)}); pass it in UTF-8")
+        return namespace, extras
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raw_bytes(text: str) -> str:
+    """The argument's original bytes, as far as they can be recovered."""
+    try:
+        return repr(os.fsencode(text))
+    except UnicodeEncodeError:
+        return ascii(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `tfgen` parser with every subcommand of `SUBCOMMAND_MODULES`."""
-    parser = argparse.ArgumentParser(prog="tfgen", description="XLA-compiled generation for TF/Keras language models")
+    parser = TextArgumentParser(prog="tfgen", description="XLA-compiled generation for TF/Keras language models")
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="show tfgen's warnings and errors only (no compile notice)"
     )
@@ -48,8 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Runs one `tfgen` command; returns its exit status (2, with one line on stderr, for bad input)."""
-    args = build_parser().parse_args(argv)
+    """Runs one `tfgen` command; returns its exit status: 2, with one line on stderr, for bad input; 130, with
+    "tfgen: interrupted" on stderr and no traceback, for Ctrl-C (a second Ctrl-C ends the process at once, see
+    `tfgen.interrupts`)."""
+    try:
+        with interrupt_guard() as interrupts:
+            return _run(argv, interrupts)
+    except KeyboardInterrupt:
+        # A command may also answer Ctrl-C itself (batch says how to resume) and return 130.
+        print(INTERRUPTED_MESSAGE, file=sys.stderr)
+        return INTERRUPTED_STATUS
+
+
+def _run(argv, interrupts) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except ValueError as error:  # argparse itself exits with status 2 and its usage; this is the UTF-8 check
+        print(f"tfgen: error: {error}", file=sys.stderr)
+        return 2
     # A command may say that this run needs no TensorFlow (`tfgen bench --help` is the harness's own help).
     needs_tensorflow = getattr(args, "needs_tensorflow", lambda args: True)(args)
     quiet_tensorflow = _quiet_tensorflow() if needs_tensorflow else contextlib.nullcontext()
@@ -57,6 +110,9 @@ def main(argv=None) -> int:
         try:
             return args.handler(args)
         except (ValueError, TypeError, OSError) as error:
+            if interrupts.received:
+                # TensorFlow turns a KeyboardInterrupt raised inside some of its conversions into a ValueError.
+                raise KeyboardInterrupt from error
             # Input problems are the user's to fix: one clear line, not a stack trace.
             print(f"tfgen: error: {error}", file=sys.stderr)
             return 2

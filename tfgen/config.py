@@ -186,7 +186,7 @@ class GenerationConfig:
 
         Hub files are fetched with `huggingface_hub.hf_hub_download` (which honours `HF_HUB_OFFLINE` and
         its cache). Raises OSError naming the path or repo id when the file cannot be found, fetched or
-        parsed.
+        parsed, and the ValueError / TypeError of an invalid option prefixed with the file's path.
         """
         path = Path(path_or_repo_id)
         if path.is_dir():
@@ -200,9 +200,14 @@ class GenerationConfig:
             config_dict = json.loads(Path(path).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise OSError(f"{str(path)!r} is not a valid JSON file: {err}") from err
+        except OSError as err:  # unreadable: permissions, a directory of that name, ...
+            raise OSError(f"cannot read {str(path)!r}: {err}") from err
         if not isinstance(config_dict, dict):
             raise OSError(f"{str(path)!r} does not hold a JSON object.")
-        return cls.from_dict(config_dict)
+        try:
+            return cls.from_dict(config_dict)
+        except (ValueError, TypeError) as err:  # a bad value: say which file holds it
+            raise (TypeError if isinstance(err, TypeError) else ValueError)(f"{str(path)!r}: {err}") from None
 
     @classmethod
     def from_model_config(cls, model_config: Any) -> GenerationConfig:

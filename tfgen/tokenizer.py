@@ -17,18 +17,10 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-_SPECIAL_TOKEN_NAMES = ("bos", "eos", "pad")
+from tfgen.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
+
 _PADDING_SIDES = ("left", "right")
 _RETURN_TENSORS = ("np", "tf", None)
-_TRUE_ENV_VALUES = {"1", "ON", "YES", "TRUE"}
-# Files read from a checkpoint; only tokenizer.json is required.
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "config.json",
-)
 
 
 class Tokenizer:
@@ -86,30 +78,18 @@ class Tokenizer:
 
         Raises:
             OSError: the path is not a directory holding `tokenizer.json` and no hub snapshot with it could be
-                found (unknown id, offline without a cached copy, ...); the message names `path_or_repo_id`.
+                found (unknown id, offline without a cached copy, ...); the message names `path_or_repo_id`. Also,
+                naming the file, when one of the files is malformed (not JSON, not an object, a `tokenizer.json`
+                that the `tokenizers` library rejects); a special-token entry of the wrong type is a ValueError.
         """
-        directory = _resolve_checkpoint_directory(
+        directory = resolve_checkpoint_directory(
             os.fspath(path_or_repo_id), revision, cache_dir, token, local_files_only
         )
         tokenizer_path = os.path.join(directory, "tokenizer.json")
         if not os.path.isfile(tokenizer_path):
             raise OSError(f"no tokenizer.json in {os.fspath(path_or_repo_id)!r} (looked in {directory})")
-        backend = tokenizers.Tokenizer.from_file(tokenizer_path)
-        tokenizer_config, special_tokens_map, generation_config, model_config = (
-            _read_json(os.path.join(directory, name)) for name in _TOKENIZER_FILES[1:]
-        )
-        stored_padding = backend.padding or {}
-        token_sources = [tokenizer_config, special_tokens_map, {"pad_token": stored_padding.get("pad_token")}]
-        id_sources = (generation_config, model_config)
-        special_tokens = {}
-        for name in _SPECIAL_TOKEN_NAMES:
-            token_key, id_key = f"{name}_token", f"{name}_token_id"
-            content = next((_token_content(s[token_key]) for s in token_sources if s.get(token_key)), None)
-            if content is None:
-                token_id = next((c[id_key] for c in id_sources if c.get(id_key) is not None), None)
-                token_id = token_id[0] if isinstance(token_id, list) and token_id else token_id
-                content = backend.id_to_token(token_id) if isinstance(token_id, int) else None
-            special_tokens[token_key] = content
+        backend = load_backend(tokenizer_path)
+        special_tokens = special_tokens_from_files(directory, backend)
         return cls(backend, padding_side=padding_side, **special_tokens)
 
     @property
@@ -334,49 +314,6 @@ def _prepared_backend(backend: tokenizers.Tokenizer, special_tokens: Iterable[st
     backend.no_truncation()
     backend.add_special_tokens([tokenizers.AddedToken(content, special=True) for content in unregistered])
     return backend
-
-
-def _resolve_checkpoint_directory(
-    path_or_repo_id: str,
-    revision: str | None,
-    cache_dir: str | os.PathLike | None,
-    token: str | bool | None,
-    local_files_only: bool | None,
-) -> str:
-    """A local directory holding the tokenizer files: the path itself, or a (possibly cached) hub snapshot."""
-    if os.path.isdir(path_or_repo_id):
-        return path_or_repo_id
-    import huggingface_hub  # lazy: only hub ids need it
-
-    if local_files_only is None:
-        # Read the variable now: huggingface_hub's own flag is frozen when it is first imported.
-        local_files_only = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE_ENV_VALUES
-    try:
-        return huggingface_hub.snapshot_download(
-            repo_id=path_or_repo_id,
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=local_files_only,
-            allow_patterns=list(_TOKENIZER_FILES),
-        )
-    except (OSError, ValueError) as error:  # hub HTTP/connection errors are OSErrors, bad ids ValueErrors
-        raise OSError(
-            f"cannot load a tokenizer from {path_or_repo_id!r}: it is not a local directory and the Hugging Face "
-            f"Hub lookup failed ({type(error).__name__}: {error})"
-        ) from error
-
-
-def _read_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as file:
-        return json.load(file)
-
-
-def _token_content(value: str | dict | None) -> str | None:
-    """Token string of a config entry, which is either the string or a serialized AddedToken dict."""
-    return value.get("content") if isinstance(value, dict) else value
 
 
 def _check_text(text: Any, name: str) -> None:

@@ -9,6 +9,12 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
+# Caps of the export's static sizes (`check_export_arguments`). Beams and contrastive candidates multiply every
+# request's rows and KV cache; published beam searches use at most a few dozen.
+MAX_BEAMS = 1024
+MAX_NEW_TOKENS = 2**31 - 1  # programs hold token counts as int32
+MAX_VERSION = 2**63 - 1  # TF Serving reads version folders as int64
+
 
 def add_parser(subparsers) -> None:
     from tfgen.export import SIGNATURES
@@ -32,9 +38,11 @@ def add_parser(subparsers) -> None:
         help=f"comma-separated subset of {','.join(SIGNATURES)} (default: all)",
     )
     parser.add_argument("--no-text", action="store_true", help="skip generate_text even when a tokenizer is present")
-    parser.add_argument("--num-beams", type=int, help="beams of the beam_search signature (default: config, else 4)")
+    parser.add_argument("--num-beams", type=int,
+                        help=f"beams of the beam_search signature, 2..{MAX_BEAMS} (default: config, else 4)")
     parser.add_argument("--contrastive-top-k", type=int,
-                        help="candidates per step of the contrastive signature (default: config, else 4)")
+                        help=f"candidates per step of the contrastive signature, 2..{MAX_BEAMS} (default: config, "
+                        "else 4)")
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="end a row once its text ends with TEXT, in every signature (repeatable; needs the "
                         "model's tokenizer)")
@@ -42,6 +50,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_export_arguments(args)
     version_dir = export_model(
         args.model,
         args.out_dir,
@@ -58,6 +67,19 @@ def run(args) -> int:
     return 0
 
 
+def check_export_arguments(args) -> None:
+    """Range checks of the numbers that shape every exported program, before the model is even loaded: an export
+    with a million beams would be written, but every call of it would fail."""
+    for option, value, low, high in (
+        ("--num-beams", args.num_beams, 2, MAX_BEAMS),
+        ("--contrastive-top-k", args.contrastive_top_k, 2, MAX_BEAMS),
+        ("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS),
+        ("--version", args.version, 0, MAX_VERSION),
+    ):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{option} must be in {low}..{high}, got {value}")
+
+
 def export_model(
     model_path: Optional[str], out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, **options
 ) -> str:
@@ -68,17 +90,18 @@ def export_model(
     from tfgen.defaults import default_model_path
     from tfgen.export import SIGNATURES, export_saved_model
     from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.models.loading import resolve_model_directory
     from tfgen.tokenizer import Tokenizer
 
     model_path = model_path or default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    directory = resolve_model_directory(model_path)
+    model = AutoModelForCausalLM.from_pretrained(directory)
     tokenizer = None
     if stop_strings or (text and (signatures is None or "generate_text" in signatures)):
-        try:
-            tokenizer = Tokenizer.from_pretrained(model_path)
-        except OSError:
-            if signatures is not None or stop_strings:
-                raise
+        # Only a missing tokenizer.json is a reason to skip generate_text; a malformed one is an error.
+        if (directory / "tokenizer.json").is_file() or signatures is not None or stop_strings:
+            tokenizer = Tokenizer.from_pretrained(directory)
+        else:
             logger.warning("no tokenizer.json next to the model, so no generate_text signature")
     if not text and signatures is None:
         signatures = [name for name, spec in SIGNATURES.items() if not spec.text]

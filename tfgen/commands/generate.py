@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 
-
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="continue a prompt with a model")
-    parser.add_argument("prompt", help="the text to continue")
+    parser.add_argument("prompt", help="the text to continue (empty: start from the model's bos token)")
     parser.add_argument(
         "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
     )
@@ -53,6 +52,8 @@ def run(args) -> int:
         # --greedy overrides a sampling config: its warpers go back to their neutral values (options the user
         # gave on the command line stay, and generate() warns about them as it should).
         options = {**SAMPLING_ONLY_NEUTRAL, **options}
+    # An empty prompt encodes to ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and
+    # refuses it, naming bos_token_id, when the model has none).
     encoded = tokenizer(args.prompt, return_tensors="np")
     streamer = TextStreamer(tokenizer) if args.stream else None
     sequences = model.generate(

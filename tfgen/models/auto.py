@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import keras
 
 from tfgen.config import GenerationConfig
 from tfgen.models.gpt2 import GPT2LMHeadModel
@@ -16,7 +19,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {"gpt2": GPT2LMHeadModel}
 
 
 def _model_class(model_type: Any) -> type:
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(model_type)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(model_type) if isinstance(model_type, str) else None
     if model_class is None:
         raise ValueError(
             f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_FOR_CAUSAL_LM_MAPPING)}"
@@ -29,7 +32,20 @@ def _default_generation_config(directory: Path | None, config_dict: Mapping[str,
     model config."""
     if directory is not None and (directory / "generation_config.json").is_file():
         return GenerationConfig.from_pretrained(directory)
-    return GenerationConfig.from_model_config(dict(config_dict))
+    with _naming_the_file(None if directory is None else directory / "config.json"):
+        return GenerationConfig.from_model_config(dict(config_dict))
+
+
+@contextlib.contextmanager
+def _naming_the_file(path: Path | None):
+    """Prefixes the message of a ValueError or TypeError raised in the block with `path` (when not None), so that
+    a bad value read from a file says which file to fix."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        if path is None:
+            raise
+        raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{str(path)!r}: {error}") from None
 
 
 class AutoModelForCausalLM:
@@ -51,16 +67,24 @@ class AutoModelForCausalLM:
     ):
         """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights,
         in `dtype` (a Keras dtype or policy name; default the Keras float type), with `generation_config`
-        set. Raises `OSError` for unresolvable ids or missing files, `ValueError` for unsupported
-        architectures or mismatched weights."""
+        set. Raises `OSError` for unresolvable ids and missing or malformed files, `ValueError` / `TypeError`
+        naming `config.json` for unsupported architectures, invalid config values or weights that cannot fit in the
+        memory available (checked before anything is built or read), `ValueError` for mismatched weights."""
         directory = resolve_model_directory(
             path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
         )
         config_dict = read_config_dict(directory)
-        model_class = _model_class(config_dict.get("model_type"))
-        model = model_class(model_class.config_class.from_dict(config_dict), dtype=dtype)
+        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
+        policy = None if dtype is None else keras.dtype_policies.get(dtype)
+        with _naming_the_file(directory / "config.json"):
+            model_class = _model_class(config_dict.get("model_type"))
+            config = model_class.config_class.from_dict(config_dict)
+            # Before a layer is built or a weight read: a model too large for this host is refused at once.
+            config.check_fits_in_memory(policy)
+        generation_config = _default_generation_config(directory, config_dict)
+        model = model_class(config, dtype=dtype)
         model.load_hf_state_dict(read_safetensors_weights(directory))
-        model.generation_config = _default_generation_config(directory, config_dict)
+        model.generation_config = generation_config
         return model
 
     @classmethod

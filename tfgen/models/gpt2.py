@@ -1,18 +1,18 @@
 """GPT-2 as a Keras 3 model (TF backend) with a static-buffer KV cache for XLA-compiled generation.
 
 Weights use HF's layout (`Conv1D` kernels are `[in, out]`, the LM head is tied to `wte` unless
-`tie_word_embeddings=False`), so HF checkpoints load without transposes.
+`tie_word_embeddings=False`), so HF checkpoints load without transposes. The config, checked field by field and
+against the memory available before any layer is built, lives in `tfgen.models.gpt2_config` (re-exported here).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -30,102 +30,13 @@ from tfgen.models.layers import (
     positions_from_mask,
     write_slots,
 )
+from tfgen.models.gpt2_config import GPT2Config
 from tfgen.models.protocol import CacheStepOutput
 
-# HF config options that change the architecture; accepted only at their (no-op) default.
-_UNSUPPORTED_HF_OPTIONS = {"add_cross_attention": False, "is_encoder_decoder": False, "pruned_heads": {}}
+__all__ = ["CausalLMOutput", "GPT2Block", "GPT2Config", "GPT2LMHeadModel"]
 
 # Non-persistent causal-mask buffers that old HF checkpoints still carry.
 _IGNORED_HF_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
-
-
-@dataclasses.dataclass
-class GPT2Config:
-    """HF `GPT2Config`'s architecture fields, with HF's names and defaults."""
-
-    vocab_size: int = 50257
-    n_positions: int = 1024
-    n_embd: int = 768
-    n_layer: int = 12
-    n_head: int = 12
-    n_inner: int | None = None
-    activation_function: str = "gelu_new"
-    resid_pdrop: float = 0.1
-    embd_pdrop: float = 0.1
-    attn_pdrop: float = 0.1
-    layer_norm_epsilon: float = 1e-5
-    initializer_range: float = 0.02
-    scale_attn_weights: bool = True
-    scale_attn_by_inverse_layer_idx: bool = False
-    reorder_and_upcast_attn: bool = False
-    tie_word_embeddings: bool = True
-    bos_token_id: int | None = 50256
-    eos_token_id: int | list[int] | None = 50256
-    pad_token_id: int | None = None
-
-    def __post_init__(self):
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPT2Config.{name} must be a positive int, got {value!r}")
-        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner <= 0):
-            raise ValueError(f"GPT2Config.n_inner must be a positive int or None, got {self.n_inner!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPT2Config.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.activation_function not in ACTIVATIONS:
-            raise ValueError(
-                f"GPT2Config.activation_function={self.activation_function!r} is not implemented; "
-                f"supported: {sorted(ACTIVATIONS)}"
-            )
-        if self.reorder_and_upcast_attn:
-            raise ValueError("GPT2Config.reorder_and_upcast_attn=True is not implemented")
-        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"GPT2Config.{name} must be in [0, 1), got {getattr(self, name)!r}")
-
-    @property
-    def max_position_embeddings(self) -> int:
-        return self.n_positions
-
-    @property
-    def hidden_size(self) -> int:
-        return self.n_embd
-
-    @property
-    def num_hidden_layers(self) -> int:
-        return self.n_layer
-
-    @property
-    def num_attention_heads(self) -> int:
-        return self.n_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def inner_size(self) -> int:
-        """Width of the MLP (HF: `n_inner`, defaulting to 4 * n_embd)."""
-        return self.n_inner or 4 * self.n_embd
-
-    @classmethod
-    def from_dict(cls, config_dict: Mapping[str, Any]) -> GPT2Config:
-        """Builds a config from an HF `config.json` dict; bookkeeping keys are ignored, architecture options
-        we do not implement raise `ValueError` unless they hold their default."""
-        if not isinstance(config_dict, Mapping):
-            raise TypeError(f"config_dict must be a mapping, got {type(config_dict).__name__}")
-        model_type = config_dict.get("model_type", "gpt2")
-        if model_type != "gpt2":
-            raise ValueError(f"config_dict has model_type={model_type!r}, expected 'gpt2'")
-        for key, default in _UNSUPPORTED_HF_OPTIONS.items():
-            if config_dict.get(key, default) not in (default, None):
-                raise ValueError(f"GPT2 option {key}={config_dict[key]!r} is not implemented")
-        field_names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in config_dict.items() if key in field_names})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The HF-compatible `config.json` content."""
-        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], **dataclasses.asdict(self)}
 
 
 class CausalLMOutput(NamedTuple):
@@ -189,7 +100,8 @@ class GPT2Block(keras.layers.Layer):
 
 
 class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
-    """GPT-2 with an LM head. Weights exist right after construction (HF's random init).
+    """GPT-2 with an LM head. Weights exist right after construction (HF's random init); a config whose weights
+    cannot fit in the memory available is refused first (`GPT2Config.check_fits_in_memory`).
 
     `call` is the plain (training / scoring) forward; `init_cache` / `call_with_cache` implement
     `tfgen.models.protocol.CausalLMProtocol`. The cache is a tuple over layers of (keys, values), each
@@ -204,6 +116,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         if not isinstance(config, GPT2Config):
             raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
         super().__init__(dtype=dtype, **kwargs)
+        config.check_fits_in_memory(self.dtype_policy)
         self.config = config
         self.generation_config = None
         weights = WeightFactory(self, config, "")

@@ -83,16 +83,20 @@ def read_config_dict(directory: str | os.PathLike) -> dict[str, Any]:
 
 def read_safetensors_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     """All tensors of a checkpoint directory, by name: `model.safetensors`, or the shards listed in
-    `model.safetensors.index.json`. Pickled weights (`*.bin`, `*.pt`) are refused with `OSError`."""
+    `model.safetensors.index.json`. Raises `OSError` naming the file for pickled weights only (`*.bin`, `*.pt`), a
+    malformed index, an index entry whose shard lies outside the directory (absolute, `..`, or a link leading out),
+    a missing shard, and a truncated or corrupt safetensors file."""
     directory = Path(directory)
     index_path = directory / SAFE_WEIGHTS_INDEX_NAME
     if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise OSError(f"{str(index_path)!r} is not a valid safetensors index: {error}") from error
+        weight_map = _read_weight_map(index_path)
+        shards = {}  # shard file -> the first tensor that names it (to say which entry is wrong)
+        for tensor_name, shard_name in weight_map.items():
+            shards.setdefault(shard_name, tensor_name)
+        for shard_name, tensor_name in shards.items():
+            _check_shard_path(directory, index_path, tensor_name, shard_name)
         tensors = {}
-        for shard_name in sorted(set(weight_map.values())):
+        for shard_name in sorted(shards):
             shard = _load_file(directory / shard_name)
             tensors.update({name: array for name, array in shard.items() if weight_map.get(name) == shard_name})
         absent = sorted(set(weight_map) - set(tensors))
@@ -109,8 +113,39 @@ def read_safetensors_weights(directory: str | os.PathLike) -> dict[str, np.ndarr
     )
 
 
+def _read_weight_map(index_path: Path) -> dict[str, str]:
+    """The index's `weight_map` (tensor name -> shard file name), checked to be one."""
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        problem = f"{type(error).__name__}: {error}"
+        raise OSError(f"{str(index_path)!r} is not a valid safetensors index ({problem})") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(name, str) and isinstance(shard, str) and shard for name, shard in weight_map.items()
+    ):
+        raise OSError(f"{str(index_path)!r} is not a valid safetensors index: its weight_map must map tensor names "
+                      "to shard file names")
+    return weight_map
+
+
+def _check_shard_path(directory: Path, index_path: Path, tensor_name: str, shard_name: str) -> None:
+    """Refuses a shard outside the checkpoint: an index is data, and must not make us read any file on the
+    machine. A Hub snapshot's files are links into the repository's `blobs/` folder, which is allowed."""
+    entry = f"{str(index_path)!r} entry {tensor_name!r}: {shard_name!r}"
+    if Path(shard_name).is_absolute() or ".." in Path(shard_name).parts:
+        raise OSError(f"{entry} must be a file name inside the model directory (no absolute path, no '..')")
+    shard = directory / shard_name
+    if not shard.is_file():
+        raise OSError(f"{entry} names a shard that is missing from {str(directory)!r}")
+    root = directory.resolve()
+    allowed = [root] + ([root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [])
+    if not any(shard.resolve().is_relative_to(place) for place in allowed):
+        raise OSError(f"{entry} is a link leading outside the model directory (to {str(shard.resolve())!r})")
+
+
 def _load_file(path: Path) -> dict[str, np.ndarray]:
     try:
         return safetensors.numpy.load_file(str(path))
-    except (OSError, safetensors.SafetensorError) as error:
+    # SafetensorError: a truncated or corrupt file; TypeError: a dtype numpy lacks (bfloat16).
+    except (OSError, safetensors.SafetensorError, TypeError, ValueError) as error:
         raise OSError(f"cannot read safetensors file {str(path)!r}: {error}") from error
