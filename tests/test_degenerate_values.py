@@ -181,3 +181,16 @@ def test_an_export_no_request_could_fit_is_refused_before_writing(tiny_model, tm
         export_saved_model(tiny_model, tmp_path / "out", max_new_tokens=4, num_beams=10**6)
     assert time.perf_counter() - began < 2.0
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_empty_prompt_with_a_mask_of_another_shape_is_refused(tiny_model):
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 3\), but input_ids has shape \(1, 0\)"):
+        tiny_model.generate(np.zeros([1, 0], np.int32), attention_mask=np.ones([1, 3], np.int32), max_new_tokens=3)
+
+
+def test_the_value_type_tests_refuse_bools_and_accept_numpy_scalars():
+    from tfgen.value_types import is_integer, is_real
+
+    assert is_integer(3) and is_integer(np.int64(3)) and not is_integer(True) and not is_integer(3.0)
+    assert is_real(3) and is_real(np.float32(0.5)) and is_real(float("nan")) and not is_real(False)
+    assert not is_real("3") and not is_integer(None)

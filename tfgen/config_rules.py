@@ -8,10 +8,10 @@ Free of TensorFlow (the CLI imports the config without it).
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable
 
 from tfgen.knobs import KNOBS
+from tfgen.value_types import is_integer, is_real
 
 # The `output_*` flags that only matter with `return_dict_in_generate`.
 OUTPUT_FLAGS = ("output_attentions", "output_hidden_states", "output_scores", "output_logits")
@@ -73,8 +73,7 @@ _NUMERIC_RULES.update(_knob_rules())
 
 def _is_kind(value: Any, kind: type) -> bool:
     """Whether `value` is an integer (`kind` int) or a real number (`kind` float); bools are neither."""
-    abstract = numbers.Integral if kind is int else numbers.Real
-    return isinstance(value, abstract) and not isinstance(value, bool)
+    return is_integer(value) if kind is int else is_real(value)
 
 
 _TOKEN_ID_SHAPES = {"id": "a token id (an int >= 0)", "list": "a list of token ids (ints >= 0)",

@@ -20,8 +20,23 @@ def pop_input_ids(inputs, options: dict):
     return keyword_ids if keyword_ids is not None else inputs
 
 
-def check_input_ids(input_ids, config: GenerationConfig, vocab_size: int) -> np.ndarray:
-    """int32 `[batch, prompt_len]` ids from any array-like; an empty prompt becomes `[[bos]]` per row."""
+def check_prompt(input_ids, attention_mask, config: GenerationConfig, vocab_size: int, pad_token_id: int, eos_ids,
+                 *, stacklevel: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """int32 ids and mask `[batch, prompt_len]` from any array-likes (the mask inferred when None). An empty prompt
+    (`[batch, 0]`, with no mask or its `[batch, 0]` mask: a tokenizer's encoding of "") starts from the bos token."""
+    ids = check_input_ids(input_ids, vocab_size)
+    if ids.shape[1]:
+        return ids, check_attention_mask(attention_mask, ids, pad_token_id, eos_ids, stacklevel=stacklevel + 1)
+    if attention_mask is not None and np.shape(attention_mask) != ids.shape:
+        raise ValueError(f"attention_mask has shape {np.shape(attention_mask)}, but input_ids has shape {ids.shape}.")
+    if config.bos_token_id is None:
+        raise ValueError("input_ids: the prompt is empty and the model has no bos_token_id to start from.")
+    ids = check_input_ids(np.full([ids.shape[0], 1], config.bos_token_id), vocab_size)
+    return ids, np.ones_like(ids)
+
+
+def check_input_ids(input_ids, vocab_size: int) -> np.ndarray:
+    """int32 `[batch, prompt_len]` ids from any array-like (None: one empty row), each in `[0, vocab_size)`."""
     if input_ids is None:
         input_ids = np.zeros([1, 0], np.int32)
     if isinstance(input_ids, (tf.Tensor, tf.Variable)):
@@ -38,11 +53,7 @@ def check_input_ids(input_ids, config: GenerationConfig, vocab_size: int) -> np.
         raise ValueError(f"input_ids must be 2-D [batch, prompt_len], got shape {array.shape}.")
     if array.shape[0] == 0:
         raise ValueError("input_ids: the batch is empty.")
-    if array.shape[1] == 0:
-        if config.bos_token_id is None:
-            raise ValueError("input_ids: the prompt is empty and the model has no bos_token_id to start from.")
-        array = np.full([array.shape[0], 1], config.bos_token_id)
-    if array.min() < 0 or array.max() >= vocab_size:
+    if array.size and (array.min() < 0 or array.max() >= vocab_size):
         bad = array[(array < 0) | (array >= vocab_size)][0]
         raise ValueError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size}).")
     return array.astype(np.int32)

@@ -14,6 +14,7 @@ import numpy as np
 
 from tfgen.knobs import KNOBS, padded_token_ids
 from tfgen.processors import ProcessorSpec
+from tfgen.value_types import is_integer, is_real
 
 # The smallest static top-k candidate count (a power of two); see `ProcessorSpec.top_k_cap`.
 _MIN_TOP_K_CAP = 64
@@ -28,17 +29,13 @@ def _token_ids(value, name: str, vocab_size: int) -> tuple[int, ...]:
     if value is None:
         return ()
     ids = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
-    if any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < vocab_size for i in ids):
+    if any(not is_integer(i) or not 0 <= i < vocab_size for i in ids):
         raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), got {value!r}")
     return tuple(int(i) for i in ids)
 
 
-def _is_integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def _positive_int(value, name: str) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+    if not is_integer(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -69,7 +66,7 @@ def _sequence_bias_items(value, vocab_size: int) -> dict[tuple[int, ...], float]
     for sequence, bias in pairs:
         if not isinstance(sequence, (list, tuple)) or not sequence:
             raise ValueError(f"sequence_bias keys must be non-empty token-id sequences, got {sequence!r}")
-        if not isinstance(bias, (int, float, np.integer, np.floating)) or isinstance(bias, bool) or math.isnan(bias):
+        if not is_real(bias) or math.isnan(bias):
             raise ValueError(f"sequence_bias: the bias of {tuple(sequence)} must be a number (not NaN), got {bias!r}")
         items[_token_ids(list(sequence), "sequence_bias", vocab_size)] = float(bias)
     return items
@@ -141,10 +138,10 @@ def _active_options(config, vocab_size: int) -> dict[str, Any]:
         if not eos:
             raise ValueError("exponential_decay_length_penalty needs an eos_token_id")
         start, factor = decay
-        if not _is_integer(start) or not 0 <= start < 2**31:
+        if not is_integer(start) or not 0 <= start < 2**31:
             raise ValueError(f"exponential_decay_length_penalty: start_index must be an integer in [0, 2**31), "
                              f"got {start!r}")
-        if not isinstance(factor, (int, float, np.integer, np.floating)) or isinstance(factor, bool) or not (
+        if not is_real(factor) or not (
             math.isfinite(factor) and factor > 0
         ):
             raise ValueError(f"exponential_decay_length_penalty: decay_factor must be a finite number > 0, "

@@ -16,12 +16,12 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
-from tfgen.input_checks import check_attention_mask, check_input_ids, check_seed, pop_input_ids, resolve_lengths
+from tfgen.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
 from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
 from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec
 from tfgen.decoding.strategies import strategy_for
-from tfgen.knobs import KNOBS, padded_token_ids
+from tfgen.knobs import KNOBS
 from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
 from tfgen.processors import check_user_processors
 from tfgen.random import derive_seeds
@@ -226,14 +226,6 @@ def decode_spec(
     )
 
 
-def _is_empty_prompt(array) -> bool:
-    """Whether `array` is a `[batch, 0]` array-like (a tokenizer's encoding of "")."""
-    try:
-        return array is not None and np.ndim(array) == 2 and np.shape(array)[1] == 0
-    except ValueError:  # ragged rows: check_input_ids says so
-        return False
-
-
 def _stop_string_tables(config: GenerationConfig, tokenizer, vocab_size: int):
     """The matcher tables of `config.stop_strings` (None when unset); ValueError without a tokenizer."""
     if config.stop_strings is None:
@@ -278,11 +270,8 @@ def prepare_request(
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
 
-    empty_prompt = _is_empty_prompt(input_ids)
-    input_ids = check_input_ids(input_ids, config, vocab_size)
-    if empty_prompt and attention_mask is not None and _is_empty_prompt(attention_mask):
-        attention_mask = None  # the empty prompt's mask; the prompt is now the bos token (a tokenizer's "" encoding)
-    attention_mask = check_attention_mask(attention_mask, input_ids, pad_token_id, eos_ids, stacklevel=stacklevel + 1)
+    input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
+                                             stacklevel=stacklevel + 1)
     batch_size, prompt_len = input_ids.shape
     max_new_tokens = resolve_lengths(config, prompt_len, model_config, explicit_max_length)
     longest_row = int(attention_mask.sum(axis=1).max())
@@ -339,7 +328,6 @@ def prepare_request(
         max_new_tokens=tf.constant(budgets),
         row_seeds=tf.constant(seeds),
         pad_token_id=tf.constant(pad_token_id, tf.int32),
-        eos_token_ids=tf.constant(padded_token_ids(eos_ids)),
         knobs={name: tf.constant(value) for name, value in knobs.items()},
     )
     return Request(

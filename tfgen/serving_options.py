@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import socket
 
+from tfgen.value_types import is_integer
+
 DEFAULT_PORT = 8501  # TF Serving's REST port
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 64
@@ -15,10 +17,10 @@ DEFAULT_MAX_CONNECTIONS = 64
 def check_server_options(*, port: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
     """Raises ValueError naming the first bad option: port in 0..65535 (0: any free port), positive limits."""
-    if not _is_int(port) or not 0 <= port <= 65535:
+    if not is_integer(port) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer in 0..65535 (0: any free port), got {port!r}")
     for name, value in (("max_request_bytes", max_request_bytes), ("max_connections", max_connections)):
-        if not _is_int(value) or value <= 0:
+        if not is_integer(value) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
@@ -44,6 +46,3 @@ def bind_failure(host: str, port: int, error: OSError) -> str:
         return f"host {host!r} is not an address of this machine ({error.strerror or error})"
     return f"cannot listen on {host}:{port}: {error.strerror or error}"
 
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

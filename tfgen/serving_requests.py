@@ -24,6 +24,7 @@ from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tfgen.knobs import KNOBS, REQUEST_VALUES
+from tfgen.value_types import is_real
 
 TEXT_SIGNATURE = "generate_text"
 # Requests nest a few levels (body, instances, row, a rank-3 input at most); anything deeper is refused before it
@@ -276,7 +277,7 @@ def _check_number(leaf, dtype: tf.DType, name: str) -> None:
         if not limits.min <= leaf <= limits.max:
             raise _bad_request(f"input {name!r}: {_json_text(leaf)} is outside the {dtype.name} range "
                               f"[{limits.min}, {limits.max}]")
-    elif isinstance(leaf, bool) or not isinstance(leaf, (int, float)):
+    elif not is_real(leaf):
         raise _bad_request(f"input {name!r} must hold {dtype.name} values (numbers), found {_json_text(leaf)}")
     elif math.isfinite(leaf) and abs(leaf) > _FLOAT32_MAX:
         # Rounding it to float32 would make it infinite: a value the client did not send.

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.tokenizer import Tokenizer
+from tfgen.value_types import is_integer
 
 # Text decoded in front of every token so that the token's own text is what it adds in context (leading spaces,
 # byte-level pieces); the same prefix as transformers, so the clean texts, and so the tables, agree with it.
@@ -124,7 +125,7 @@ def stop_string_tables(
     """
     stop_strings = _checked_stop_strings(stop_strings)
     if vocab_size is not None and (
-            isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0):
+            not is_integer(vocab_size) or vocab_size <= 0):
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     vocabulary = _vocabulary(tokenizer)
     # len(texts), not tokenizer.vocab_size, which rebuilds the whole vocabulary (60 ms for 50k tokens) each call.

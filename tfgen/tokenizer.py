@@ -18,6 +18,7 @@ import numpy as np
 import tokenizers
 
 from tfgen.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
+from tfgen.value_types import is_integer
 
 _PADDING_SIDES = ("left", "right")
 _RETURN_TENSORS = ("np", "tf", None)
@@ -322,7 +323,7 @@ def _check_text(text: Any, name: str) -> None:
 
 
 def _check_positive_int(value: Any, name: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0):
+    if value is not None and (not is_integer(value) or value <= 0):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 

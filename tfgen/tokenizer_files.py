@@ -10,6 +10,8 @@ from typing import Any
 
 import tokenizers
 
+from tfgen.value_types import is_integer
+
 SPECIAL_TOKEN_NAMES = ("bos", "eos", "pad")
 # Files read from a checkpoint; only tokenizer.json is required.
 TOKENIZER_FILES = (
@@ -85,7 +87,7 @@ def special_tokens_from_files(directory: str, backend: tokenizers.Tokenizer) -> 
             # Bad ids in these two files are reported where they are used (the model's and generation configs).
             token_id = next((c[id_key] for c in id_sources if c.get(id_key) is not None), None)
             token_id = token_id[0] if isinstance(token_id, list) and token_id else token_id
-            valid_id = isinstance(token_id, int) and not isinstance(token_id, bool)
+            valid_id = is_integer(token_id)
             in_vocabulary = valid_id and 0 <= token_id < backend.get_vocab_size(with_added_tokens=True)
             content = backend.id_to_token(token_id) if in_vocabulary else None
         special_tokens[token_key] = content

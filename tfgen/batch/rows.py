@@ -15,6 +15,8 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from tfgen.value_types import is_integer
+
 # Rows tokenized per tokenizer call: large enough for the tokenizer's batch speed, small enough to keep the
 # texts of one chunk (not the whole input) in memory.
 _TOKENIZE_CHUNK = 1024
@@ -119,7 +121,7 @@ def _check_record(record, rules: RowRules) -> tuple[Optional[str], Any]:
             return "has a text 'prompt' but no tokenizer was given (pass one, or give 'input_ids')", row_id
         return None, row_id
     ids = record["input_ids"]
-    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+    if not isinstance(ids, list) or any(not is_integer(t) for t in ids):
         return "'input_ids' must be a list of integers", row_id
     return None, row_id
 

@@ -21,6 +21,7 @@ from tfgen.batch.rows import PromptTable, RowRules
 from tfgen.config import GenerationConfig
 from tfgen.programs import announce_compile, generate_program
 from tfgen.request import DEFAULT_BUCKETS, Request, pad_token_id_of, prepare_request, resolve_config
+from tfgen.value_types import is_integer
 
 # generate() arguments that a batch job sets itself, or whose meaning depends on how rows were padded together.
 _JOB_CONTROLLED_OPTIONS = {
@@ -113,10 +114,10 @@ class BatchRunner:
     """
 
     def __init__(self, model, strategy, generation_config, tokenizer, batch_size, window, seed, generate_kwargs):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not is_integer(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         window = WINDOW_GROUPS * batch_size if window is None else window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        if not is_integer(window) or window < 1:
             raise ValueError(f"window must be a positive integer (rows), got {window!r}")
         self.strategy = strategy or tf.distribute.get_strategy()
         if not all(self.strategy.extended.variable_created_in_scope(_backing_variable(v)) for v in model.variables):

@@ -21,8 +21,9 @@ class DecodeInputs(NamedTuple):
     prompt_len: int32 scalar, the caller's padded prompt length (HF's `input_ids.shape[-1]`).
     max_new_tokens: int32 `[B]`, each row's budget of new tokens (0 for bucket-padding rows).
     row_seeds: int32 `[B, 2]`, each row's sampling key.
-    pad_token_id: int32 scalar. eos_token_ids: int32 `[E]` (-1 entries never match).
-    knobs: dict of run-time knob tensors (see `tfgen.knobs`), per row where the schema says so.
+    pad_token_id: int32 scalar.
+    knobs: dict of run-time knob tensors (see `tfgen.knobs`), per row where the schema says so; among them the
+    eos ids (`eos_token_ids`, the one copy of them).
     """
 
     input_ids: tf.Tensor
@@ -32,8 +33,12 @@ class DecodeInputs(NamedTuple):
     max_new_tokens: tf.Tensor
     row_seeds: tf.Tensor
     pad_token_id: tf.Tensor
-    eos_token_ids: tf.Tensor
     knobs: dict
+
+    @property
+    def eos_token_ids(self) -> tf.Tensor:
+        """int32 `[E]`: the eos ids (-1 entries never match), the `eos_token_ids` knob."""
+        return self.knobs["eos_token_ids"]
 
 
 class DecodeState(NamedTuple):

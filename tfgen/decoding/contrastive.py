@@ -27,12 +27,13 @@ from tfgen.decoding.common import (
 from tfgen.decoding.loop import DecodingLoop
 from tfgen.knobs import KNOBS
 from tfgen.processors import apply_processors
+from tfgen.value_types import is_integer
 
 
 def contrastive_options(config) -> dict:
     """Static options: `top_k`, the number of candidates (it sets the shape of the candidate batch)."""
     top_k = config.top_k
-    if not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 2:
+    if not is_integer(top_k) or top_k < 2:
         raise ValueError(f"top_k must be an integer >= 2 for contrastive search, got {top_k!r}")
     return {"top_k": int(top_k)}
 

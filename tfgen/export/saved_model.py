@@ -17,7 +17,6 @@ import tempfile
 import warnings
 from typing import Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
@@ -34,10 +33,11 @@ from tfgen.export.signatures import (
 )
 from tfgen.export.request_checks import request_checks
 from tfgen.export.text_graph import InGraphTokenizer
-from tfgen.knobs import KNOBS, declared, padded_token_ids
+from tfgen.knobs import KNOBS, declared
 from tfgen.random import derive_seeds, philox4x32
 from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
 from tfgen.request_size import check_request_fits
+from tfgen.value_types import is_integer
 
 EXPORT_INFO_FILE = "tfgen_export.json"
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
@@ -111,7 +111,7 @@ def export_saved_model(
     Returns the version directory. It is written under a temporary name and renamed when complete, so TF
     Serving polling `export_dir` never loads a half-written version.
     """
-    if not isinstance(version, (int, np.integer)) or isinstance(version, bool) or version < 0:
+    if not is_integer(version) or version < 0:
         raise ValueError(f"version must be a non-negative integer, got {version!r}")
     export_dir = os.fspath(export_dir)
     version_dir = os.path.join(export_dir, str(int(version)))
@@ -191,7 +191,7 @@ def _export_choices(config: GenerationConfig, num_beams, contrastive_top_k) -> E
         selects_contrastive = config.get_generation_mode() == GenerationMode.CONTRASTIVE_SEARCH
         contrastive_top_k = config.top_k if selects_contrastive else DEFAULT_CONTRASTIVE_TOP_K
     for name, value in (("num_beams", num_beams), ("contrastive_top_k", contrastive_top_k)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 2:
+        if not is_integer(value) or value < 2:
             raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
     return ExportChoices(int(num_beams), int(contrastive_top_k))
 
@@ -199,7 +199,7 @@ def _export_choices(config: GenerationConfig, num_beams, contrastive_top_k) -> E
 def _buffer_new_tokens(model, config: GenerationConfig, max_new_tokens) -> int:
     if max_new_tokens is None:
         max_new_tokens = config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+    if not is_integer(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and max_new_tokens >= max_positions:
@@ -272,7 +272,6 @@ class _Exporter:
         self.jit_compile = jit_compile
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.pad_token_id = pad_token_id_of(config, self.vocab_size)
-        self.eos_vector = padded_token_ids(config.eos_token_ids())
         self.module = tf.Module()
         self.module.model_variables = _model_variables(model)
         self.tokenizer = tokenizer
@@ -367,7 +366,6 @@ class _Exporter:
                 max_new_tokens=budgets,
                 row_seeds=seeds,
                 pad_token_id=tf.constant(self.pad_token_id, tf.int32),
-                eos_token_ids=tf.constant(self.eos_vector),
                 knobs=run_knobs,
             ))
             return {**result, "sequence_lengths": width + result["generated_lengths"]}

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tfgen.memory import check_fits
 from tfgen.models.layers import ACTIVATIONS
+from tfgen.value_types import is_integer, is_real
 
 # HF config options that change the architecture; accepted only at their (no-op) default.
 _UNSUPPORTED_HF_OPTIONS = {"add_cross_attention": False, "is_encoder_decoder": False, "pruned_heads": {}}
@@ -96,7 +97,7 @@ class GPT2Config:
     def _check_token_id(self, name: str, token_id: Any) -> None:
         if token_id is None:
             return
-        if not isinstance(token_id, int) or isinstance(token_id, bool):
+        if not is_integer(token_id):
             raise TypeError(f"GPT2Config.{name} must be an int token id or None, got {token_id!r}")
         if not 0 <= token_id < self.vocab_size:
             raise ValueError(f"GPT2Config.{name}={token_id} is outside the vocabulary [0, {self.vocab_size})")
@@ -173,7 +174,7 @@ class GPT2Config:
 def _check_int(config: GPT2Config, name: str, minimum: int) -> None:
     value = getattr(config, name)
     # JSON has one number type: 12.0 or "12" for a size is a mistake to report, not to round.
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_integer(value):
         raise TypeError(f"GPT2Config.{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"GPT2Config.{name} must be a positive int, got {value!r}")
@@ -181,7 +182,7 @@ def _check_int(config: GPT2Config, name: str, minimum: int) -> None:
 
 def _finite_number(config: GPT2Config, name: str) -> float:
     value = getattr(config, name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_real(value):
         raise TypeError(f"GPT2Config.{name} must be a number, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"GPT2Config.{name} must be a finite number, got {value!r}")
