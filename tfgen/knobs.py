@@ -43,22 +43,20 @@ class Knob:
 
     def is_valid(self, value) -> bool:
         """Whether a Python number (or every element of an array) is representable in the knob's dtype (ints in
-        range, floats finite once rounded to it: 1e-50 is 0 in float32, 1e39 is inf) and meets its condition."""
+        range; floats rounded to it: 1e-50 is 0 in float32, 1e39 is inf) and `accepts` it."""
         array = np.asarray(value)
         if np.issubdtype(self.dtype, np.integer):
             limits = np.iinfo(self.dtype)
             if array.dtype == object or not np.all((array >= limits.min) & (array <= limits.max)):
                 return False
-        elif np.issubdtype(self.dtype, np.floating):
-            with np.errstate(over="ignore", under="ignore"):
-                array = array.astype(self.dtype)
-            # XLA flushes subnormal floats to zero: a temperature of 1e-45 would divide by 0.
-            if not np.all(np.isfinite(array) & ((array == 0) | (np.abs(array) >= np.finfo(self.dtype).tiny))):
-                return False
-        return self.valid is None or bool(np.all(self.valid(array)))
+        with np.errstate(over="ignore", under="ignore"):
+            array = array.astype(self.dtype)
+        return bool(np.all(self.accepts(array)))
 
-    def in_graph_valid(self, values):
-        """The knob's condition on a tensor of its dtype (an exported signature's request check): bool tensor."""
+    def accepts(self, values):
+        """Element-wise bool: the knob's condition on numpy values or tensors of its dtype (an exported signature's
+        request check runs it in the graph). Floats must also be finite and not subnormal: XLA flushes subnormals
+        to zero, so a temperature of 1e-45 would divide by 0."""
         inside = values == values if self.valid is None else self.valid(values)
         if np.issubdtype(self.dtype, np.floating):
             inside = inside & (abs(values) < _INF) & ((values == 0) | (abs(values) >= np.finfo(self.dtype).tiny))

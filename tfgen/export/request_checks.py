@@ -6,7 +6,6 @@ knob schema (`tfgen.knobs`), plus the beam length-penalty bound (`tfgen.decoding
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
@@ -35,8 +34,7 @@ def request_checks(input_ids, attention_mask, inputs: dict, row_inputs, *, vocab
     for name in row_inputs:
         knob, values = declared(name), inputs[name]
         conditions.append((tf.equal(tf.shape(values)[0], batch_size), f"{name} must have one row per prompt"))
-        if knob.valid is not None or np.issubdtype(knob.dtype, np.floating):
-            conditions.append((tf.reduce_all(knob.in_graph_valid(values)), f"{name} must be {knob.requirement}"))
+        conditions.append((tf.reduce_all(knob.accepts(values)), f"{name} must be {knob.requirement or 'finite'}"))
     if "length_penalty" in row_inputs:
         budgets = inputs["max_new_tokens"] if "max_new_tokens" in row_inputs else buffer_new_tokens
         conditions.append((
