@@ -38,6 +38,7 @@ class Tokenizer:
         padding_side: "left" (default; generation appends after the last column, so prompts must end there) or
             "right". Truncation follows it: with left padding the *last* `max_length` tokens are kept, since the end
             of a prompt is what the next token depends on; with right padding the first ones are kept.
+        chat_template: the model's Jinja chat template (HF's `chat_template`), or None.
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class Tokenizer:
         eos_token: str | None = None,
         pad_token: str | None = None,
         padding_side: str = "left",
+        chat_template: str | None = None,
     ):
         if not isinstance(tokenizer, tokenizers.Tokenizer):
             raise TypeError(f"tokenizer must be a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
@@ -57,6 +59,9 @@ class Tokenizer:
                 raise ValueError(f"{name}_token {content!r} is not in the tokenizer's vocabulary")
         self._tokenizer = _prepared_backend(tokenizer, [t for t in self._special_tokens.values() if t is not None])
         self.padding_side = padding_side
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError(f"chat_template must be a Jinja template string or None, got {type(chat_template).__name__}")
+        self.chat_template = chat_template
 
     @classmethod
     def from_pretrained(
