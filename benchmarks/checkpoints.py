@@ -13,10 +13,21 @@ DEFAULT_TRAINED_MODEL = "saved_models/stdlib-gpt2"
 
 
 def resolve_checkpoint(model: str, cache_dir: str) -> str:
-    """A directory in HF layout for `model`: `random-124m` (built once under `cache_dir`) or a path."""
+    """The checkpoint every library loads for `model`: `random-124m` (an HF-layout directory built once under
+    `cache_dir`), a directory with config.json, a `.gguf` file, or a model name of `tfgen pull` (its GGUF file,
+    fetched and verified on first use)."""
+    if model.endswith(".gguf") and Path(model).is_file():
+        return model
     if model != RANDOM_124M:
+        from tfgen.model_registry import MODELS, pull
+
+        if model in MODELS:
+            return str(pull(model))
         if not (Path(model) / "config.json").is_file():
-            raise ValueError(f"--models: {model!r} is neither {RANDOM_124M!r} nor a directory with config.json")
+            raise ValueError(
+                f"--models: {model!r} is neither {RANDOM_124M!r}, a model name of `tfgen pull` ({', '.join(MODELS)}), "
+                "a .gguf file nor a directory with config.json"
+            )
         return model
     directory = Path(cache_dir) / "random-gpt2-124m"
     if not (directory / "model.safetensors").is_file():
@@ -33,6 +44,8 @@ def resolve_checkpoint(model: str, cache_dir: str) -> str:
 def checkpoint_info(checkpoint: str) -> dict:
     """Parameter count and the float32 bytes one batch-1 decode step reads (every weight once, except the
     position and, when the head is untied, token embeddings, of which it reads one row)."""
+    if checkpoint.endswith(".gguf"):
+        return _gguf_info(checkpoint)
     from safetensors import safe_open
 
     config = json.loads((Path(checkpoint) / "config.json").read_text())
@@ -48,4 +61,24 @@ def checkpoint_info(checkpoint: str) -> dict:
         "vocab_size": int(config["vocab_size"]),
         "n_layer": config.get("n_layer"),
         "n_embd": config.get("n_embd"),
+    }
+
+
+def _gguf_info(checkpoint: str) -> dict:
+    """`checkpoint_info` of a GGUF file: the float32 bytes (what tfgen and hf-torch compute with) and the bytes
+    as stored (what llama.cpp reads per step), each counting the token embedding once only when the head is tied."""
+    import gguf
+
+    reader = gguf.GGUFReader(checkpoint)
+    sizes = {tensor.name: (int(tensor.n_elements), int(tensor.n_bytes)) for tensor in reader.tensors}
+    read_once = set() if "output.weight" not in sizes else {"token_embd.weight"}
+    architecture = reader.fields["general.architecture"].contents()
+    return {
+        "parameters": sum(count for count, _ in sizes.values()),
+        "weight_bytes_per_step": 4 * sum(count for name, (count, _) in sizes.items() if name not in read_once),
+        "stored_bytes_per_step": sum(size for name, (_, size) in sizes.items() if name not in read_once),
+        "file_type": gguf.LlamaFileType(reader.fields["general.file_type"].contents()).name,
+        "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+        "n_layer": reader.fields[f"{architecture}.block_count"].contents(),
+        "n_embd": reader.fields[f"{architecture}.embedding_length"].contents(),
     }

@@ -2,19 +2,22 @@
 
 The peers are HF transformers' TF `generate` under `tf.function(jit_compile=True)` (`hf-tf`), keras-hub's
 `GPT2CausalLM.generate` (`keras-hub`) and HF transformers' PyTorch `generate` (`hf-torch`); install them with
-`pip install -e ".[bench]"`. Every library loads the same HF-layout checkpoint.
+`pip install -e ".[bench]"`. Every library loads the same checkpoint: an HF-layout GPT-2 directory, or a GGUF
+file, which tfgen and hf-torch dequantize to float32 and llama.cpp (`llama-cpp`, `benchmarks/llama_cpp_peer.py`)
+runs quantized.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 
 import numpy as np
 
-LIBRARIES = ("tfgen", "tfgen-bf16", "hf-tf", "keras-hub", "hf-torch")
+LIBRARIES = ("tfgen", "tfgen-bf16", "hf-tf", "keras-hub", "hf-torch", "llama-cpp")
 DEFAULT_LIBRARIES = ("tfgen", "hf-tf", "keras-hub", "hf-torch")
-PEERS = ("hf-tf", "keras-hub", "hf-torch")
+PEERS = ("hf-tf", "keras-hub", "hf-torch", "llama-cpp")
 
 # The same request in every library: HF generate keywords, and the keras-hub sampler that decodes alike.
 BENCH_REQUESTS: dict[str, dict] = {
@@ -41,6 +44,11 @@ def short_error(error: BaseException) -> str:
     """One line of at most 300 characters for a report: the message of an `Unavailable`, else type and message."""
     text = f"{type(error).__name__}: {error}" if not isinstance(error, Unavailable) else str(error)
     return " ".join(text.split())[:300]
+
+
+def is_gguf(checkpoint: str) -> bool:
+    """Whether `checkpoint` is a GGUF file (llama.cpp's format) rather than an HF-layout directory."""
+    return str(checkpoint).endswith(".gguf")
 
 
 class Runner:
@@ -95,6 +103,8 @@ class HfTfRunner(Runner):
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
+        if is_gguf(checkpoint):
+            raise Unavailable("HF transformers has no TF Llama and does not read GGUF into TF models")
         import tensorflow as tf
 
         transformers = _quiet_transformers()
@@ -127,6 +137,8 @@ class KerasHubRunner(Runner):
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
+        if is_gguf(checkpoint):
+            raise Unavailable("keras-hub does not read GGUF files")
         self.keras_hub = _import_peer("keras_hub", "keras-hub")
         # keras-hub converts HF-layout GPT-2 checkpoints itself when given their directory.
         self.backbone = self.keras_hub.models.GPT2Backbone.from_preset(checkpoint)
@@ -158,13 +170,20 @@ class KerasHubRunner(Runner):
 
 
 class HfTorchRunner(Runner):
-    """HF transformers' PyTorch `GPT2LMHeadModel.generate`, on the CPU."""
+    """HF transformers' PyTorch `generate`, on the CPU: `AutoModelForCausalLM` on the directory, or on a GGUF file
+    through `gguf_file=` (dequantized to float32, as tfgen does)."""
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
         self.torch = _import_peer("torch", "torch")
         transformers = _quiet_transformers()
-        self.model = transformers.GPT2LMHeadModel.from_pretrained(checkpoint).eval()
+        if is_gguf(checkpoint):
+            path = os.path.abspath(checkpoint)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=self.torch.float32
+            ).eval()
+        else:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
 
     def generate(self, strategy, input_ids):
         torch = self.torch
@@ -209,6 +228,10 @@ def _quiet_transformers():
 def load_runner(library: str, checkpoint: str, new_tokens: int) -> Runner:
     """`library`'s runner holding `checkpoint`; raises `Unavailable` when the library cannot be imported."""
     try:
+        if library == "llama-cpp":  # its own module, which builds on this one
+            from benchmarks.llama_cpp_peer import LlamaCppRunner
+
+            return LlamaCppRunner(checkpoint, new_tokens)
         return RUNNERS[library](checkpoint, new_tokens)
     except ImportError as error:
         raise Unavailable(f"{library}: {error}") from None

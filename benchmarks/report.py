@@ -59,19 +59,30 @@ def _fmt(value, digits=1) -> str:
 
 def report_tables(results: dict) -> str:
     """The results as markdown tables: throughput with ratios and roofline, then first call and memory."""
-    libraries = results["settings"]["libraries"]
-    peers = [library for library in libraries if library in PEERS]
     lines = []
     for entry in results["models"]:
+        # Each model's own columns: merged runs may measure different libraries per model (llama.cpp reads GGUF
+        # files only; hf-tf and keras-hub have no Llama from GGUF).
+        libraries = [library for library in results["settings"]["libraries"]
+                     if any(library in cell["results"] for cell in entry["cells"])]
+        peers = [library for library in libraries if library in PEERS]
         roofline = entry.get("roofline_tokens_per_s")
-        lines += [f"#### {entry['model']} ({entry['parameters'] / 1e6:.1f}M parameters, float32)", ""]
+        stored = f"{entry['file_type']} GGUF, computed in float32 by tfgen and hf-torch" if "file_type" in entry \
+            else "float32"
+        lines += [f"#### {entry['model']} ({entry['parameters'] / 1e6:.1f}M parameters, {stored})", ""]
         if roofline:
             lines += [
-                f"Batch-1 roofline: {entry['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step at "
+                f"Batch-1 roofline: {entry['weight_bytes_per_step'] / 1e6:.0f} MB of float32 weights per step at "
                 f"{entry['bandwidth_gbs']:.1f} GB/s (median matrix-vector bandwidth measured between the runs) "
                 f"= **{roofline:.1f} tokens/s**.",
                 "",
             ]
+            if "stored_bytes_per_step" in entry:
+                lines += [
+                    f"llama.cpp reads the weights as stored, {entry['stored_bytes_per_step'] / 1e6:.0f} MB per step: "
+                    f"its roofline is {entry['bandwidth_gbs'] * 1e9 / entry['stored_bytes_per_step']:.0f} tokens/s.",
+                    "",
+                ]
         # Cells measured again in a later run (`merge`): one marker per set of libraries.
         markers = {}
         for cell in entry["cells"]:

@@ -57,6 +57,16 @@ def assert_steps_match(ours, hf_out):
         np.testing.assert_allclose(our_logits.numpy(), hf_logits.numpy(), atol=1e-4, err_msg=f"logits, step {step}")
 
 
+def assert_beams_match(ours, hf_out, prompt_width):
+    """Hypotheses, their scores, every step's scores and logits, and the beam indices, as HF's."""
+    np.testing.assert_array_equal(ours.sequences.numpy(), hf_sequences(hf_out, prompt_width))
+    np.testing.assert_allclose(ours.sequences_scores.numpy(), hf_out.sequences_scores.numpy(), atol=1e-4)
+    assert_steps_match(ours, hf_out)
+    hf_indices = np.full(ours.beam_indices.shape, -1)
+    hf_indices[:, : hf_out.beam_indices.shape[1]] = hf_out.beam_indices.numpy()
+    np.testing.assert_array_equal(ours.beam_indices.numpy(), hf_indices)
+
+
 @pytest.fixture(scope="module")
 def batch():
     return left_padded_batch(PROMPTS)
@@ -105,12 +115,7 @@ def test_beam_search_matches_hf(tiny_model, batch, beam_eos, hf_beam_outputs, ea
         length_penalty=length_penalty,
         **BEAM,
     )
-    np.testing.assert_array_equal(ours.sequences.numpy(), hf_sequences(hf_out, ids.shape[1]))
-    np.testing.assert_allclose(ours.sequences_scores.numpy(), hf_out.sequences_scores.numpy(), atol=1e-4)
-    assert_steps_match(ours, hf_out)
-    hf_indices = np.full(ours.beam_indices.shape, -1)
-    hf_indices[:, : hf_out.beam_indices.shape[1]] = hf_out.beam_indices.numpy()
-    np.testing.assert_array_equal(ours.beam_indices.numpy(), hf_indices)
+    assert_beams_match(ours, hf_out, ids.shape[1])
 
 
 def test_beam_cases_exercise_early_stop_and_fill_in(batch, beam_eos, hf_beam_outputs):

@@ -101,7 +101,7 @@ TF_NOISE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|cuda|cuInit|cudart|one
                       r"^WARNING:tensorflow", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("command", ["", "generate", "batch", "export", "serve", "bench"])
+@pytest.mark.parametrize("command", ["", "generate", "batch", "export", "serve", "bench", "pull"])
 def test_help_imports_no_tensorflow(command):
     code = (
         "import sys\n"

@@ -38,6 +38,7 @@ _EXPORTS = {
     "Tokenizer": "tfgen.tokenizer",
     "batch_generate": "tfgen.batch",
     "export_saved_model": "tfgen.export",
+    "pull": "tfgen.model_pull",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,7 +5,8 @@ Parsing imports no TensorFlow (the command modules import it in their handlers),
 `TF_CPP_MIN_LOG_LEVEL` (3, errors that end the process, unless set) including the ones it prints before reading
 it, TensorFlow's Python warnings (retracing) are hidden at level 2 and above, and tfgen's own messages (the
 compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only). Bad input is one line on stderr and
-status 2 (arguments that are not UTF-8 included); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.interrupts`).
+status 2 (arguments that are not UTF-8 included; 1 for an error that carries `exit_status = 1`, such as a model
+that cannot be pulled); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.interrupts`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ SUBCOMMAND_MODULES = [
     "tfgen.commands.export",
     "tfgen.commands.serve",
     "tfgen.commands.bench",
+    "tfgen.commands.pull",
 ]
 
 # The first line of a TensorFlow C++ log message: severity, date, time, thread, file:line. Before absl's logging
@@ -113,9 +115,10 @@ def _run(argv, interrupts) -> int:
             if interrupts.received:
                 # TensorFlow turns a KeyboardInterrupt raised inside some of its conversions into a ValueError.
                 raise KeyboardInterrupt from error
-            # Input problems are the user's to fix: one clear line, not a stack trace.
+            # Input problems are the user's to fix: one clear line, not a stack trace. Status 2, unless the error
+            # says otherwise (1: a model that cannot be fetched or cannot chat, not a malformed argument).
             print(f"tfgen: error: {error}", file=sys.stderr)
-            return 2
+            return getattr(error, "exit_status", 2)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from tfgen import chat_template as chat_templates
+from tfgen.gguf import is_gguf_path
 from tfgen.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
 from tfgen.value_types import is_integer
 
@@ -74,7 +76,8 @@ class Tokenizer:
         local_files_only: bool | None = None,
         padding_side: str = "left",
     ) -> Tokenizer:
-        """Loads a tokenizer from a local directory or a Hugging Face Hub repo id.
+        """Loads a tokenizer from a local directory, a Hugging Face Hub repo id, or a GGUF file (a path ending in
+        `.gguf`: the vocabulary, special tokens and chat template stored in it; see `tfgen.gguf.tokenizer`).
 
         Special tokens come from `tokenizer_config.json`, then `special_tokens_map.json`, then the padding stored in
         `tokenizer.json` (pad only); a token still missing is looked up by id in `generation_config.json`, then
@@ -88,6 +91,10 @@ class Tokenizer:
                 naming the file, when one of the files is malformed (not JSON, not an object, a `tokenizer.json`
                 that the `tokenizers` library rejects); a special-token entry of the wrong type is a ValueError.
         """
+        if is_gguf_path(path_or_repo_id):
+            from tfgen.gguf.tokenizer import load_gguf_tokenizer  # lazy: imports gguf
+
+            return load_gguf_tokenizer(path_or_repo_id, padding_side=padding_side)
         directory = resolve_checkpoint_directory(
             os.fspath(path_or_repo_id), revision, cache_dir, token, local_files_only
         )
@@ -96,7 +103,8 @@ class Tokenizer:
             raise OSError(f"no tokenizer.json in {os.fspath(path_or_repo_id)!r} (looked in {directory})")
         backend = load_backend(tokenizer_path)
         special_tokens = special_tokens_from_files(directory, backend)
-        return cls(backend, padding_side=padding_side, **special_tokens)
+        chat_template = chat_templates.read_chat_template(directory)
+        return cls(backend, padding_side=padding_side, chat_template=chat_template, **special_tokens)
 
     @property
     def padding_side(self) -> str:
@@ -239,9 +247,56 @@ class Tokenizer:
         rows = [_as_id_list(row, "batch row") for row in batch]
         return self._tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens)
 
+    def apply_chat_template(
+        self,
+        messages: Any,
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = True,
+        padding: bool | str = False,
+        truncation: bool = False,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+        return_dict: bool = False,
+        **template_kwargs: Any,
+    ) -> Any:
+        """Renders a conversation with the chat template (HF 4.55's `apply_chat_template`: same text, same ids).
+
+        `messages` is one conversation, a list of `{"role": ..., "content": ...}` dicts, or a list of them (a batch).
+        `chat_template` replaces the tokenizer's; the template also sees `tools`, `documents` (lists of dicts),
+        `add_generation_prompt`, the special tokens (`bos_token`, `eos_token`, `pad_token` as configured) and
+        `template_kwargs`. `continue_final_message` ends the text inside the last message, for the model to continue.
+        The text is tokenized without adding special tokens (the template writes its own, as in HF); `padding`,
+        `truncation`, `max_length` and `return_tensors` act as in `__call__` (whose padding side applies).
+
+        Returns: the text (`tokenize=False`; a list for a batch); else the ids: a list (a list of lists for a batch),
+        an `[B, T]` array / tensor with `return_tensors`, or with `return_dict` the `input_ids` and `attention_mask`.
+        Raises ValueError without a template, and with the template's message when it fails or calls
+        `raise_exception`; TypeError / ValueError naming `messages`, `tools` or `documents` when malformed.
+        """
+        chat_templates.check_options(template_kwargs, tokenize, padding=padding, truncation=truncation,
+                                     max_length=max_length, return_tensors=return_tensors, return_dict=return_dict)
+        special_tokens = {f"{name}_token": content for name, content in self._special_tokens.items() if content}
+        text = chat_templates.render_chat(
+            self.chat_template if chat_template is None else chat_template, messages, tools=tools,
+            documents=documents, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, variables={**special_tokens, **template_kwargs},
+        )
+        if not tokenize:
+            return text
+        encoded = self(text, padding=padding, truncation=truncation, max_length=max_length, add_special_tokens=False,
+                       return_tensors=return_tensors)
+        if isinstance(text, str) and return_tensors is None:
+            encoded = {key: rows[0] for key, rows in encoded.items()}  # one conversation: one flat list, as in HF
+        return encoded if return_dict else encoded["input_ids"]
+
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Writes `tokenizer.json` and a `tokenizer_config.json` that `transformers.AutoTokenizer` loads as a
-        `PreTrainedTokenizerFast` with the same ids, special tokens, padding and truncation sides.
+        """Writes `tokenizer.json`, a `tokenizer_config.json` that `transformers.AutoTokenizer` loads as a
+        `PreTrainedTokenizerFast` with the same ids, special tokens, padding and truncation sides, and the chat
+        template as `chat_template.jinja`.
 
         The eos fallback for padding is written as an explicit `pad_token`, so HF can pad the same way.
         """
@@ -263,6 +318,7 @@ class Tokenizer:
                 config["add_prefix_space"] = pre_tokenizer_state["add_prefix_space"]
         with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
             json.dump(config, file, indent=2, ensure_ascii=False)
+        chat_templates.write_chat_template(directory, self.chat_template)
 
 
 class IncrementalDecoder:

@@ -21,6 +21,8 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "config.json",
 )
+# HF 4.55 reads a checkpoint's chat template from this file first (`tfgen.chat_template.read_chat_template`).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 _TRUE_ENV_VALUES = {"1", "ON", "YES", "TRUE"}
 
 
@@ -46,7 +48,7 @@ def resolve_checkpoint_directory(
             cache_dir=cache_dir,
             token=token,
             local_files_only=local_files_only,
-            allow_patterns=list(TOKENIZER_FILES),
+            allow_patterns=[*TOKENIZER_FILES, CHAT_TEMPLATE_FILE],
         )
     except (OSError, ValueError) as error:  # hub HTTP/connection errors are OSErrors, bad ids ValueErrors
         raise OSError(

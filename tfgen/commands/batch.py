@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
         "A second run on the same OUTPUT is refused while the first runs (lock file OUTPUT.lock).",
     )
     parser.add_argument(
-        "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
+        "--model", default=None, help="local model directory or hub id (HF layout), or a registered name (`tfgen pull "
+        "--list`; pulled on first use); default: the shipped model"
     )
     parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
     parser.add_argument("--output", required=True, help="results JSONL (local path); sidecar files share its name")
@@ -72,11 +73,11 @@ def run(args) -> int:
 
     from tfgen.batch import JobInterrupted, make_strategy, run_batch_job
     from tfgen.batch.joblock import OutputLock
-    from tfgen.defaults import default_model_path
+    from tfgen.model_pull import resolve_model_argument
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.tokenizer import Tokenizer
 
-    model_path = args.model or default_model_path()
+    model_path = resolve_model_argument(args.model, progress=not args.no_progress)
     strategy = make_strategy(args.strategy, tpu=args.tpu)
     if strategy.extended.should_checkpoint:
         OutputLock(args.output).check_free()  # refuse a second run on this output before loading the model

@@ -28,7 +28,8 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="model base folder (TF Serving's --model_base_path)")
     parser.add_argument(
-        "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
+        "--model", default=None,
+        help="local model directory, .gguf file, hub id or model name of `tfgen pull`; default: the shipped model",
     )
     parser.add_argument("--max-new-tokens", type=int, help="token buffer of every signature (default: config, else 20)")
     parser.add_argument("--version", type=int, default=1, help="version folder to write (default 1; must not exist)")
@@ -87,20 +88,23 @@ def export_model(
     and its `options`, adding generate_text when `text` is true, `signatures` allows it and a tokenizer sits next
     to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Returns the version
     folder."""
-    from tfgen.defaults import default_model_path
     from tfgen.export import SIGNATURES, export_saved_model
+    from tfgen.gguf import is_gguf_path
+    from tfgen.model_pull import resolve_model_argument
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.models.loading import resolve_model_directory
     from tfgen.tokenizer import Tokenizer
 
-    model_path = model_path or default_model_path()
-    directory = resolve_model_directory(model_path)
-    model = AutoModelForCausalLM.from_pretrained(directory)
+    model_path = resolve_model_argument(model_path)
+    # A GGUF file holds its tokenizer; a directory may lack one.
+    source = model_path if is_gguf_path(model_path) else resolve_model_directory(model_path)
+    model = AutoModelForCausalLM.from_pretrained(source)
+    has_tokenizer = is_gguf_path(model_path) or (source / "tokenizer.json").is_file()
     tokenizer = None
     if stop_strings or (text and (signatures is None or "generate_text" in signatures)):
         # Only a missing tokenizer.json is a reason to skip generate_text; a malformed one is an error.
-        if (directory / "tokenizer.json").is_file() or signatures is not None or stop_strings:
-            tokenizer = Tokenizer.from_pretrained(directory)
+        if has_tokenizer or signatures is not None or stop_strings:
+            tokenizer = Tokenizer.from_pretrained(source)
         else:
             logger.warning("no tokenizer.json next to the model, so no generate_text signature")
     if not text and signatures is None:

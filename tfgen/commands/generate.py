@@ -1,14 +1,20 @@
-"""`tfgen generate --model PATH_OR_ID "prompt"`: continue a prompt and print the text."""
+"""`tfgen generate --model PATH_OR_ID_OR_NAME "prompt"`: continue a prompt and print the text; with `--chat`, answer
+the prompt as a user message in the model's chat template and print the answer only."""
 
 from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="continue a prompt with a model")
-    parser.add_argument("prompt", help="the text to continue (empty: start from the model's bos token)")
+    parser.add_argument("prompt", help="the text to continue (empty: start from the model's bos token), or with "
+                        "--chat the user's message")
     parser.add_argument(
-        "--model", default=None, help="local model directory or hub id (HF layout); default: the shipped model"
+        "--model", default=None, help="local model directory or hub id (HF layout), or a registered name (`tfgen pull "
+        "--list`; pulled on first use); default: the shipped model"
     )
+    parser.add_argument("--chat", action="store_true", help="render the prompt as a user message with the model's "
+                        "chat template (and the assistant's turn opened), print only the answer")
+    parser.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default: model's config)")
     parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
     parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")
@@ -29,13 +35,19 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from tfgen.config import SAMPLING_ONLY_NEUTRAL
-    from tfgen.defaults import default_model_path
+    from tfgen.model_pull import resolve_model_argument
     from tfgen.models.auto import AutoModelForCausalLM
     from tfgen.streaming import TextStreamer
     from tfgen.tokenizer import Tokenizer
 
-    model_path = args.model or default_model_path()
+    if args.system is not None and not args.chat:
+        raise ValueError("--system needs --chat (it is the system message of the chat)")
+    model_path = resolve_model_argument(args.model)
     tokenizer = Tokenizer.from_pretrained(model_path)
+    # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
+    # ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and refuses it, naming
+    # bos_token_id, when the model has none).
+    encoded = _chat_prompt(tokenizer, args, model_path) if args.chat else tokenizer(args.prompt, return_tensors="np")
     model = AutoModelForCausalLM.from_pretrained(model_path)
     options = {
         "max_new_tokens": args.max_new_tokens,
@@ -52,10 +64,7 @@ def run(args) -> int:
         # --greedy overrides a sampling config: its warpers go back to their neutral values (options the user
         # gave on the command line stay, and generate() warns about them as it should).
         options = {**SAMPLING_ONLY_NEUTRAL, **options}
-    # An empty prompt encodes to ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and
-    # refuses it, naming bos_token_id, when the model has none).
-    encoded = tokenizer(args.prompt, return_tensors="np")
-    streamer = TextStreamer(tokenizer) if args.stream else None
+    streamer = TextStreamer(tokenizer, skip_prompt=args.chat) if args.stream else None
     sequences = model.generate(
         encoded["input_ids"],
         attention_mask=encoded["attention_mask"],
@@ -66,5 +75,23 @@ def run(args) -> int:
         **options,
     )
     if streamer is None:
-        print(tokenizer.decode(sequences[0].numpy(), skip_special_tokens=True))
+        # A chat prints the answer: the tokens after the rendered conversation.
+        start = encoded["input_ids"].shape[1] if args.chat else 0
+        print(tokenizer.decode(sequences[0].numpy()[start:], skip_special_tokens=True))
     return 0
+
+
+def _chat_prompt(tokenizer, args, model_path: str) -> dict:
+    """`input_ids` and `attention_mask` [1, T] of the conversation (the optional system message, the prompt as the
+    user's), rendered with the assistant's turn opened. MissingChatTemplateError (status 1) for a model without a
+    chat template."""
+    from tfgen.chat_template import MissingChatTemplateError
+
+    if tokenizer.chat_template is None:
+        raise MissingChatTemplateError(
+            f"--chat needs a chat template, and the model {model_path!r} has none (no chat_template.jinja, no "
+            "chat_template in tokenizer_config.json); leave out --chat to continue the prompt as plain text"
+        )
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    messages = system + [{"role": "user", "content": args.prompt}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="np", return_dict=True)

@@ -11,11 +11,19 @@ from typing import Any
 import keras
 
 from tfgen.config import GenerationConfig
+from tfgen.gguf import is_gguf_path
+from tfgen.gguf.config import hf_config_dict
+from tfgen.gguf.files import open_gguf
+from tfgen.gguf.tensors import read_hf_tensors
 from tfgen.models.gpt2 import GPT2LMHeadModel
+from tfgen.models.llama import LlamaForCausalLM
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
 
 # config.json `model_type` -> model class (each with a `config_class` offering `from_dict`).
-MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {"gpt2": GPT2LMHeadModel}
+MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {
+    "gpt2": GPT2LMHeadModel,
+    **{model_type: LlamaForCausalLM for model_type in ("llama", "mistral", "qwen2", "qwen3")},
+}
 
 
 def _model_class(model_type: Any) -> type:
@@ -27,12 +35,14 @@ def _model_class(model_type: Any) -> type:
     return model_class
 
 
-def _default_generation_config(directory: Path | None, config_dict: Mapping[str, Any]):
+def _default_generation_config(
+    directory: Path | None, config_dict: Mapping[str, Any], config_path: Path | None = None
+):
     """The checkpoint's `generation_config.json` when there is one, else the one HF derives from the
-    model config."""
+    model config (its errors naming `config_path`, the file the config was read from, when given)."""
     if directory is not None and (directory / "generation_config.json").is_file():
         return GenerationConfig.from_pretrained(directory)
-    with _naming_the_file(None if directory is None else directory / "config.json"):
+    with _naming_the_file(config_path):
         return GenerationConfig.from_model_config(dict(config_dict))
 
 
@@ -46,6 +56,21 @@ def _naming_the_file(path: Path | None):
         if path is None:
             raise
         raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{str(path)!r}: {error}") from None
+
+
+def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: Path | None, read_weights):
+    """The model of `config_dict` (read from `config_path`, named in its errors) with the weights `read_weights()`
+    returns and the generation config of `directory` (None: the one derived from the config)."""
+    with _naming_the_file(config_path):
+        model_class = _model_class(config_dict.get("model_type"))
+        config = model_class.config_class.from_dict(config_dict)
+        # Before a layer is built or a weight read: a model too large for this host is refused at once.
+        config.check_fits_in_memory(policy)
+    generation_config = _default_generation_config(directory, config_dict, config_path)
+    model = model_class(config, dtype=dtype)
+    model.load_hf_state_dict(read_weights())
+    model.generation_config = generation_config
+    return model
 
 
 class AutoModelForCausalLM:
@@ -65,27 +90,26 @@ class AutoModelForCausalLM:
         token: str | bool | None = None,
         local_files_only: bool | None = None,
     ):
-        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights,
-        in `dtype` (a Keras dtype or policy name; default the Keras float type), with `generation_config`
-        set. Raises `OSError` for unresolvable ids and missing or malformed files, `ValueError` / `TypeError`
-        naming `config.json` for unsupported architectures, invalid config values or weights that cannot fit in the
-        memory available (checked before anything is built or read), `ValueError` for mismatched weights."""
+        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights, or from a
+        GGUF file (llama.cpp's format: a path ending in `.gguf`; see `tfgen.gguf`), in `dtype` (a Keras dtype or
+        policy name; default the Keras float type), with `generation_config` set. Raises `OSError` for unresolvable
+        ids and missing or malformed files, `ValueError` / `TypeError` naming `config.json` (or the GGUF file) for
+        unsupported architectures, invalid config values or weights that cannot fit in the memory available
+        (checked before anything is built or read), `ValueError` for mismatched weights."""
+        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
+        policy = None if dtype is None else keras.dtype_policies.get(dtype)
+        if is_gguf_path(path_or_repo_id):
+            # One file holds the config (as metadata) and the weights (dequantized to float32 once checked).
+            gguf_file = open_gguf(path_or_repo_id)
+            config_dict = hf_config_dict(gguf_file)
+            return _build_pretrained(config_dict, dtype, policy, Path(gguf_file.path), None,
+                                     lambda: read_hf_tensors(gguf_file, config_dict))
         directory = resolve_model_directory(
             path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
         )
         config_dict = read_config_dict(directory)
-        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
-        policy = None if dtype is None else keras.dtype_policies.get(dtype)
-        with _naming_the_file(directory / "config.json"):
-            model_class = _model_class(config_dict.get("model_type"))
-            config = model_class.config_class.from_dict(config_dict)
-            # Before a layer is built or a weight read: a model too large for this host is refused at once.
-            config.check_fits_in_memory(policy)
-        generation_config = _default_generation_config(directory, config_dict)
-        model = model_class(config, dtype=dtype)
-        model.load_hf_state_dict(read_safetensors_weights(directory))
-        model.generation_config = generation_config
-        return model
+        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
+                                 lambda: read_safetensors_weights(directory))
 
     @classmethod
     def from_config(cls, config, *, dtype=None):

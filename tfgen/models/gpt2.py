@@ -7,19 +7,15 @@ against the memory available before any layer is built, lives in `tfgen.models.g
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import keras
 import numpy as np
-import safetensors.numpy
 import tensorflow as tf
 
-from tfgen.generation import TFGenerationMixin
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
     WeightFactory,
@@ -27,7 +23,6 @@ from tfgen.models.layers import (
     dense,
     dropout,
     layer_norm,
-    positions_from_mask,
     write_slots,
 )
 from tfgen.models.gpt2_config import GPT2Config
@@ -37,14 +32,6 @@ __all__ = ["CausalLMOutput", "GPT2Block", "GPT2Config", "GPT2LMHeadModel"]
 
 # Non-persistent causal-mask buffers that old HF checkpoints still carry.
 _IGNORED_HF_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
-
-
-class CausalLMOutput(NamedTuple):
-    """What `GPT2LMHeadModel.call` returns: float32 `logits` `[B, T, vocab]` and the final-norm
-    `hidden_states` `[B, T, hidden]`."""
-
-    logits: tf.Tensor
-    hidden_states: tf.Tensor
 
 
 class GPT2Block(keras.layers.Layer):
@@ -99,7 +86,7 @@ class GPT2Block(keras.layers.Layer):
         return x, layer_cache
 
 
-class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
+class GPT2LMHeadModel(KerasCausalLM):
     """GPT-2 with an LM head. Weights exist right after construction (HF's random init); a config whose weights
     cannot fit in the memory available is refused first (`GPT2Config.check_fits_in_memory`).
 
@@ -113,12 +100,7 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
     config_class = GPT2Config
 
     def __init__(self, config: GPT2Config, dtype=None, **kwargs):
-        if not isinstance(config, GPT2Config):
-            raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
-        super().__init__(dtype=dtype, **kwargs)
-        config.check_fits_in_memory(self.dtype_policy)
-        self.config = config
-        self.generation_config = None
+        super().__init__(config, dtype=dtype, **kwargs)
         weights = WeightFactory(self, config, "")
         self.wte = weights.normal("wte.weight", (config.vocab_size, config.n_embd))
         self.wpe = weights.normal("wpe.weight", (config.n_positions, config.n_embd))
@@ -168,92 +150,16 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
             return self
         return _TransposedHeadView(self, tf.transpose(self.lm_head))
 
-    def call(self, input_ids, attention_mask=None, position_ids=None, training=False) -> CausalLMOutput:
-        """Full causal forward.
-
-        input_ids: int `[B, T]`, or a dict with `input_ids` and optionally `attention_mask` /
-            `position_ids` (how Keras `fit` passes a dict `x`). attention_mask: `[B, T]` (1 = real token),
-            default all ones. position_ids: int `[B, T]`, default `positions_from_mask(attention_mask)`.
-        Returns `CausalLMOutput(logits [B, T, vocab] float32, hidden_states [B, T, D])`.
-        """
-        if isinstance(input_ids, Mapping):
-            inputs = dict(input_ids)
-            unknown = set(inputs) - {"input_ids", "attention_mask", "position_ids"}
-            if "input_ids" not in inputs or unknown or attention_mask is not None or position_ids is not None:
-                raise ValueError(
-                    "a dict input_ids must hold 'input_ids' and only optionally 'attention_mask'/'position_ids' "
-                    f"(and then no separate mask/positions); got keys {sorted(inputs)}"
-                )
-            return self.call(**inputs, training=training)
-        input_ids = tf.cast(input_ids, tf.int32)
-        attention_mask = tf.ones_like(input_ids) if attention_mask is None else tf.cast(attention_mask, tf.int32)
-        position_ids = positions_from_mask(attention_mask) if position_ids is None else tf.cast(position_ids, tf.int32)
+    def _hidden_states(self, input_ids, attention_mask, position_ids, training):
+        """Final-norm hidden states `[B, T, D]` of the plain forward (see `KerasCausalLM.call`)."""
         allowed = attention_allowed(tf.range(tf.shape(input_ids)[1]), attention_mask)
         hidden, _ = self._forward(input_ids, position_ids, allowed, None, None, training)
-        return CausalLMOutput(self._logits(hidden), hidden)
+        return hidden
 
-    def init_cache(self, batch_size, max_length, dtype=None):
-        """Zero cache: a tuple over layers of (keys, values), each `[batch_size, heads, max_length, head_dim]`
-        in `dtype` (default: the compute dtype)."""
-        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
-            if isinstance(value, int) and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        # No check against n_positions: positions come from the mask, so a bucket-padded buffer may hold
-        # more slots than the model has positions.
-        shape = [batch_size, self.config.n_head, max_length, self.config.head_dim]
-        dtype = dtype or self.compute_dtype
-        return tuple((tf.zeros(shape, dtype), tf.zeros(shape, dtype)) for _ in self.blocks)
-
-    def call_with_cache(
-        self,
-        input_ids,
-        cache,
-        cache_index,
-        attention_mask,
-        position_ids,
-        last_logits_only=False,
-        compute_logits=True,
-        _head_transposed=None,
-    ) -> CacheStepOutput:
-        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see
-        `tfgen.models.protocol`). attention_mask: `[B, max_length]` over the whole buffer; position_ids
-        int `[B, T]`. Returns `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D],
-        cache)`; with `compute_logits=False` the LM head is skipped and `logits` is None (see
-        `logits_from_hidden`)."""
-        if len(cache) != len(self.blocks):
-            raise ValueError(f"cache has {len(cache)} layers, the model has {len(self.blocks)}")
-        cache_index = tf.cast(cache_index, tf.int32)
-        input_ids = tf.cast(input_ids, tf.int32)
+    def _cached_forward(self, input_ids, cache, cache_index, attention_mask, position_ids):
+        """(hidden states `[B, T, D]`, updated cache) of `call_with_cache` (see `KerasCausalLM`)."""
         allowed = attention_allowed(cache_index + tf.range(tf.shape(input_ids)[1]), attention_mask)
-        hidden, cache = self._forward(input_ids, tf.cast(position_ids, tf.int32), allowed, cache, cache_index, False)
-        if not compute_logits:
-            return CacheStepOutput(None, hidden, cache)
-        logits = self._logits(hidden[:, -1:] if last_logits_only else hidden, _head_transposed)
-        return CacheStepOutput(logits, hidden, cache)
-
-    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
-        """float32 logits `[..., vocab]` of final-norm hidden states `[..., D]` (the `hidden_states` of
-        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call."""
-        return self._logits(hidden_states)
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """Keras hook. With a `loss` given to `compile()`, Keras's default. Otherwise the causal-LM loss:
-        mean cross-entropy of `logits[:, :-1]` against `labels[:, 1:]`, where labels are `y` (int `[B, T]`)
-        or else the input ids; labels < 0 (HF's -100) and padding (mask 0 in a dict `x`) are ignored."""
-        if self.loss is not None:
-            return super().compute_loss(x, y, y_pred, sample_weight, training)
-        if sample_weight is not None:
-            raise ValueError("sample_weight is not supported by the built-in causal-LM loss; mask labels with -100")
-        inputs = x if isinstance(x, Mapping) else {"input_ids": x}
-        labels = tf.cast(inputs["input_ids"] if y is None else y, tf.int32)[:, 1:]
-        keep = labels >= 0
-        if "attention_mask" in inputs:
-            keep &= tf.cast(inputs["attention_mask"], tf.bool)[:, 1:]
-        token_losses = keras.losses.sparse_categorical_crossentropy(
-            tf.maximum(labels, 0), y_pred.logits[:, :-1], from_logits=True
-        )
-        weights = tf.cast(keep, token_losses.dtype)
-        return tf.reduce_sum(token_losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        return self._forward(input_ids, position_ids, allowed, cache, cache_index, False)
 
     # ------------------------------------------------------------------------------------- HF weights
 
@@ -261,26 +167,13 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
         """Assigns HF GPT-2 weights (names with or without the `transformer.` prefix; `attn.bias` /
         `attn.masked_bias` buffers ignored; `lm_head.weight` optional when tied). Missing, unexpected or
         mis-shaped tensors raise `ValueError` listing them all; nothing is assigned then."""
-        provided, unexpected, mismatched = {}, [], {}
-        for name, array in tensors.items():
-            short_name = name.removeprefix("transformer.")
-            if _IGNORED_HF_BUFFER.fullmatch(short_name):
-                continue
-            # A tied checkpoint may still carry the head (a copy of wte): only its shape matters.
-            tied_head = short_name == "lm_head.weight" and self.config.tie_word_embeddings
-            variable = self.wte if tied_head else self._hf_variables.get(short_name)
-            if variable is None:
-                unexpected.append(name)
-            elif tuple(array.shape) != tuple(variable.shape):
-                mismatched[short_name] = f"{name}: checkpoint {tuple(array.shape)} vs model {tuple(variable.shape)}"
-            elif not tied_head:
-                provided[short_name] = array
-        missing = sorted(set(self._hf_variables) - set(provided) - set(mismatched))
-        if missing or unexpected or mismatched:
-            raise ValueError(
-                "checkpoint does not match GPT2LMHeadModel: "
-                f"missing={missing}, unexpected={sorted(unexpected)}, shape_mismatch={list(mismatched.values())}"
-            )
+        expected = {name: tuple(variable.shape) for name, variable in self._hf_variables.items()}
+        # A tied checkpoint may still carry the head (a copy of wte): only its shape matters.
+        tied_head = {"lm_head.weight": tuple(self.wte.shape)} if self.config.tie_word_embeddings else {}
+        provided = select_hf_tensors(
+            tensors, expected, "GPT2LMHeadModel", optional=tied_head,
+            rename=lambda name: name.removeprefix("transformer."), ignored=_IGNORED_HF_BUFFER.fullmatch,
+        )
         for short_name, array in provided.items():
             variable = self._hf_variables[short_name]
             variable.assign(tf.cast(tf.convert_to_tensor(array), variable.dtype))
@@ -291,19 +184,6 @@ class GPT2LMHeadModel(TFGenerationMixin, keras.Model):
             (name if name == "lm_head.weight" else f"transformer.{name}"): keras.ops.convert_to_numpy(variable)
             for name, variable in self._hf_variables.items()
         }
-
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when
-        `generation_config` is set) that HF's `GPT2LMHeadModel.from_pretrained` loads."""
-        os.makedirs(directory, exist_ok=True)
-        config_dict = {**self.config.to_dict(), "torch_dtype": keras.backend.standardize_dtype(self.wte.dtype)}
-        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as file:
-            json.dump(config_dict, file, indent=2, sort_keys=True)
-        safetensors.numpy.save_file(
-            self.hf_state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"}
-        )
-        if self.generation_config is not None:
-            self.generation_config.save_pretrained(directory)
 
 
 class _TransposedHeadView:
@@ -319,7 +199,7 @@ class _TransposedHeadView:
         return self
 
     def call_with_cache(self, *args, **kwargs) -> CacheStepOutput:
-        return self._model.call_with_cache(*args, _head_transposed=self._head_transposed, **kwargs)
+        return self._model.call_with_cache(*args, head_transposed=self._head_transposed, **kwargs)
 
     def logits_from_hidden(self, hidden_states) -> tf.Tensor:
         return self._model._logits(hidden_states, self._head_transposed)

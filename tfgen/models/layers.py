@@ -36,11 +36,19 @@ def positions_from_mask(attention_mask: tf.Tensor) -> tf.Tensor:
     return tf.maximum(tf.cumsum(tf.cast(attention_mask, tf.int32), axis=1) - 1, 0)
 
 
-def attention_allowed(query_index: tf.Tensor, key_mask: tf.Tensor) -> tf.Tensor:
-    """bool `[B, 1, T, S]`: the query at buffer index `query_index[t]` (int32 `[T]`) may attend key slot
-    `s` iff `s <= query_index[t]` and `key_mask[b, s]` (any dtype `[B, S]`, nonzero = real token)."""
-    key_index = tf.range(tf.shape(key_mask)[1])
+def attention_allowed(
+    query_index: tf.Tensor, key_mask: tf.Tensor, window: int | None = None, key_index: tf.Tensor | None = None
+) -> tf.Tensor:
+    """bool `[B, 1, T, S]`: the query at buffer index `query_index[t]` (int32 `[T]`) may attend the key at buffer
+    index `key_index[s]` (int32 `[S]`, default `range(S)`: the whole buffer) iff `key_index[s] <= query_index[t]` and
+    `key_mask[b, s]` (any dtype `[B, S]`, nonzero = real token) and, with a sliding `window`,
+    `key_index[s] > query_index[t] - window` (the query and the `window - 1` slots before it)."""
+    if key_index is None:
+        key_index = tf.range(tf.shape(key_mask)[1])
     causal = key_index[tf.newaxis, :] <= query_index[:, tf.newaxis]
+    if window is not None:
+        # Buffer slots, not position ids, as HF 4.55 counts the window (cache positions, left padding included).
+        causal &= key_index[tf.newaxis, :] > query_index[:, tf.newaxis] - window
     return causal[tf.newaxis, tf.newaxis] & tf.cast(key_mask, tf.bool)[:, tf.newaxis, tf.newaxis, :]
 
 
@@ -67,9 +75,36 @@ def layer_norm(x: tf.Tensor, gamma, beta, epsilon: float) -> tf.Tensor:
     return tf.cast(normed * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32), x.dtype)
 
 
-def dense(x: tf.Tensor, kernel, bias) -> tf.Tensor:
-    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`)."""
-    return tf.matmul(x, tf.cast(kernel, x.dtype)) + tf.cast(bias, x.dtype)
+def rms_norm(x: tf.Tensor, weight, epsilon: float) -> tf.Tensor:
+    """RMS normalisation over the last axis (HF's `LlamaRMSNorm`): statistics in float32, the result cast back to
+    `x`'s dtype before the weight multiplies it, so half-precision models round where HF's do."""
+    x32 = tf.cast(x, tf.float32)
+    normed = x32 * tf.math.rsqrt(tf.reduce_mean(tf.square(x32), axis=-1, keepdims=True) + epsilon)
+    return tf.cast(normed, x.dtype) * tf.cast(weight, x.dtype)
+
+
+def rotary_cos_sin(position_ids: tf.Tensor, inverse_frequencies, scaling: float, dtype) -> tuple[tf.Tensor, tf.Tensor]:
+    """cos and sin `[B, T, head_dim // 2]` in `dtype` of the RoPE angles `position * inverse_frequency`, computed in
+    float32 from int `[B, T]` positions (exact up to 2**24) and scaled by `scaling` before the cast, as HF does."""
+    angles = tf.cast(position_ids, tf.float32)[..., tf.newaxis] * tf.constant(inverse_frequencies, tf.float32)
+    cos, sin = tf.cos(angles), tf.sin(angles)
+    if scaling != 1.0:
+        cos, sin = cos * scaling, sin * scaling
+    return tf.cast(cos, dtype), tf.cast(sin, dtype)
+
+
+def apply_rotary(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
+    """RoPE in HF's "rotate half" layout: `x` `[B, T, heads, head_dim]` whose two halves `(a, b)` become
+    `(a cos - b sin, b cos + a sin)`; cos and sin `[B, T, head_dim // 2]`."""
+    first, second = tf.split(x, 2, axis=-1)
+    cos, sin = cos[:, :, tf.newaxis, :], sin[:, :, tf.newaxis, :]
+    return tf.concat([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def dense(x: tf.Tensor, kernel, bias=None) -> tf.Tensor:
+    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`; no bias when None)."""
+    y = tf.matmul(x, tf.cast(kernel, x.dtype))
+    return y if bias is None else y + tf.cast(bias, x.dtype)
 
 
 def dropout(x: tf.Tensor, rate: float, training: bool, seed_generator) -> tf.Tensor:

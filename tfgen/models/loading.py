@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import huggingface_hub
+import ml_dtypes
 import numpy as np
-import safetensors.numpy
+import safetensors
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -144,8 +145,32 @@ def _check_shard_path(directory: Path, index_path: Path, tensor_name: str, shard
 
 
 def _load_file(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file, by name; bfloat16 ones as `ml_dtypes.bfloat16` arrays, bit for bit."""
     try:
-        return safetensors.numpy.load_file(str(path))
-    # SafetensorError: a truncated or corrupt file; TypeError: a dtype numpy lacks (bfloat16).
+        # The library checks the header, the offsets and the file size; it reads every dtype numpy knows.
+        with safetensors.safe_open(str(path), framework="numpy") as file:
+            names = list(file.keys())
+            bfloat16 = {name for name in names if file.get_slice(name).get_dtype() == "BF16"}
+            tensors = {name: file.get_tensor(name) for name in names if name not in bfloat16}
+        if bfloat16:
+            tensors.update(_read_bfloat16(path, bfloat16))
+        return tensors
+    # SafetensorError: a truncated or corrupt file; TypeError: a dtype numpy lacks.
     except (OSError, safetensors.SafetensorError, TypeError, ValueError) as error:
         raise OSError(f"cannot read safetensors file {str(path)!r}: {error}") from error
+
+
+def _read_bfloat16(path: Path, names: set[str]) -> dict[str, np.ndarray]:
+    """The bfloat16 tensors `names` of a (checked) safetensors file, read from the raw bytes at their header offsets:
+    numpy has no bfloat16 of its own, and whether the library can make one depends on its version."""
+    tensors = {}
+    with open(path, "rb") as file:
+        header_size = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(header_size))
+        for name in sorted(names, key=lambda name: header[name]["data_offsets"][0]):
+            begin, end = header[name]["data_offsets"]
+            file.seek(8 + header_size + begin)
+            # Little-endian in the file; native order (a no-op on little-endian hosts) before the bits are read.
+            raw = np.frombuffer(file.read(end - begin), dtype="<u2").astype(np.uint16, copy=False)
+            tensors[name] = raw.view(ml_dtypes.bfloat16).reshape(header[name]["shape"])
+    return tensors

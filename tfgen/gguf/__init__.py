@@ -1,0 +1,13 @@
+"""GGUF files (llama.cpp's single-file checkpoints) as tfgen checkpoints.
+
+`tfgen.gguf.files` opens a file and reads its metadata with typed checks, `tfgen.gguf.config` turns the metadata
+into an HF-style config dict, `tfgen.gguf.tensors` renames the tensors to HF names and dequantizes them to float32
+(undoing llama.cpp's rotary row permutation for the `llama` architecture), and `tfgen.gguf.tokenizer` rebuilds the
+tokenizer from the vocabulary stored in the file. `AutoModelForCausalLM.from_pretrained` and
+`Tokenizer.from_pretrained` take a `.gguf` path through these. Only `is_gguf_path` is imported here, so that the
+check costs nothing; the rest imports `gguf` and numpy on first use.
+"""
+
+from tfgen.gguf.files import is_gguf_path
+
+__all__ = ["is_gguf_path"]

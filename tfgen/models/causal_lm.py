@@ -1,0 +1,181 @@
+"""What tfgen's Keras causal LMs share: the plain forward's inputs, the causal-LM loss, the LM head alone for
+contrastive search, the checks of an HF checkpoint's tensor names and shapes, and `save_pretrained`."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import keras
+import numpy as np
+import safetensors.numpy
+import tensorflow as tf
+
+from tfgen.generation import TFGenerationMixin
+from tfgen.models.layers import positions_from_mask
+from tfgen.models.protocol import CacheStepOutput
+
+
+class CausalLMOutput(NamedTuple):
+    """What a model's `call` returns: float32 `logits` `[B, T, vocab]` and the final-norm `hidden_states`
+    `[B, T, hidden]`."""
+
+    logits: tf.Tensor
+    hidden_states: tf.Tensor
+
+
+class KerasCausalLM(TFGenerationMixin, keras.Model):
+    """Base of the Keras 3 models. A subclass sets `config_class` and provides `_hidden_states(input_ids,
+    attention_mask, position_ids, training)` (the final-norm hidden states of a plain forward), `_cached_forward(
+    input_ids, cache, cache_index, attention_mask, position_ids)` (hidden states and the updated cache of
+    `call_with_cache`), `_logits(hidden)` (float32 logits) and `hf_state_dict()`. The cache is a tuple over layers of
+    (keys, values) (`init_cache`)."""
+
+    config_class: type
+
+    def __init__(self, config, dtype=None, **kwargs):
+        """Checks `config` (a `config_class`) and that its weights fit in memory in `dtype`, before any weight is
+        made; sets `config` and `generation_config` (None until a loader sets it)."""
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
+        super().__init__(dtype=dtype, **kwargs)
+        config.check_fits_in_memory(self.dtype_policy)
+        self.config = config
+        self.generation_config = None
+
+    def call(self, input_ids, attention_mask=None, position_ids=None, training=False) -> CausalLMOutput:
+        """Full causal forward.
+
+        input_ids: int `[B, T]`, or a dict with `input_ids` and optionally `attention_mask` /
+            `position_ids` (how Keras `fit` passes a dict `x`). attention_mask: `[B, T]` (1 = real token),
+            default all ones. position_ids: int `[B, T]`, default `positions_from_mask(attention_mask)`.
+        Returns `CausalLMOutput(logits [B, T, vocab] float32, hidden_states [B, T, D])`.
+        """
+        if isinstance(input_ids, Mapping):
+            inputs = dict(input_ids)
+            unknown = set(inputs) - {"input_ids", "attention_mask", "position_ids"}
+            if "input_ids" not in inputs or unknown or attention_mask is not None or position_ids is not None:
+                raise ValueError(
+                    "a dict input_ids must hold 'input_ids' and only optionally 'attention_mask'/'position_ids' "
+                    f"(and then no separate mask/positions); got keys {sorted(inputs)}"
+                )
+            return self.call(**inputs, training=training)
+        input_ids = tf.cast(input_ids, tf.int32)
+        attention_mask = tf.ones_like(input_ids) if attention_mask is None else tf.cast(attention_mask, tf.int32)
+        position_ids = positions_from_mask(attention_mask) if position_ids is None else tf.cast(position_ids, tf.int32)
+        hidden = self._hidden_states(input_ids, attention_mask, position_ids, training)
+        return CausalLMOutput(self._logits(hidden), hidden)
+
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """Zero cache: a tuple over layers of (keys, values), each `[batch_size, kv_heads, max_length, head_dim]` in
+        `dtype` (default: the compute dtype); `kv_heads` is the config's `num_key_value_heads` where it has one,
+        else `num_attention_heads`."""
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if isinstance(value, int) and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        # No check against max_position_embeddings: positions come from the mask, so a bucket-padded buffer may
+        # hold more slots than the model has positions.
+        config = self.config
+        heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
+        shape, dtype = [batch_size, heads, max_length, config.head_dim], dtype or self.compute_dtype
+        return tuple((tf.zeros(shape, dtype), tf.zeros(shape, dtype)) for _ in range(config.num_hidden_layers))
+
+    def call_with_cache(
+        self,
+        input_ids,
+        cache,
+        cache_index,
+        attention_mask,
+        position_ids,
+        last_logits_only=False,
+        compute_logits=True,
+        **head,
+    ) -> CacheStepOutput:
+        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.models.protocol`).
+        attention_mask: `[B, max_length]` over the whole buffer; position_ids int `[B, T]`. Returns
+        `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
+        `compute_logits=False` the LM head is skipped and `logits` is None (see `logits_from_hidden`). `head`: what
+        a decoding view hands the model's `_logits`."""
+        if len(cache) != self.config.num_hidden_layers:
+            raise ValueError(f"cache has {len(cache)} layers, the model has {self.config.num_hidden_layers}")
+        hidden, cache = self._cached_forward(
+            tf.cast(input_ids, tf.int32), cache, tf.cast(cache_index, tf.int32), attention_mask,
+            tf.cast(position_ids, tf.int32),
+        )
+        if not compute_logits:
+            return CacheStepOutput(None, hidden, cache)
+        return CacheStepOutput(self._logits(hidden[:, -1:] if last_logits_only else hidden, **head), hidden, cache)
+
+    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
+        """float32 logits `[..., vocab]` of final-norm hidden states `[..., D]` (the `hidden_states` of
+        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call."""
+        return self._logits(hidden_states)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras hook. With a `loss` given to `compile()`, Keras's default. Otherwise the causal-LM loss:
+        mean cross-entropy of `logits[:, :-1]` against `labels[:, 1:]`, where labels are `y` (int `[B, T]`)
+        or else the input ids; labels < 0 (HF's -100) and padding (mask 0 in a dict `x`) are ignored."""
+        if self.loss is not None:
+            return super().compute_loss(x, y, y_pred, sample_weight, training)
+        if sample_weight is not None:
+            raise ValueError("sample_weight is not supported by the built-in causal-LM loss; mask labels with -100")
+        inputs = x if isinstance(x, Mapping) else {"input_ids": x}
+        labels = tf.cast(inputs["input_ids"] if y is None else y, tf.int32)[:, 1:]
+        keep = labels >= 0
+        if "attention_mask" in inputs:
+            keep &= tf.cast(inputs["attention_mask"], tf.bool)[:, 1:]
+        token_losses = keras.losses.sparse_categorical_crossentropy(
+            tf.maximum(labels, 0), y_pred.logits[:, :-1], from_logits=True
+        )
+        weights = tf.cast(keep, token_losses.dtype)
+        return tf.reduce_sum(token_losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
+        set) that HF's `AutoModelForCausalLM.from_pretrained` loads."""
+        os.makedirs(directory, exist_ok=True)
+        dtype = keras.backend.standardize_dtype(self.dtype_policy.variable_dtype)
+        config_dict = {**self.config.to_dict(), "torch_dtype": dtype}
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as file:
+            json.dump(config_dict, file, indent=2, sort_keys=True)
+        safetensors.numpy.save_file(
+            self.hf_state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"}
+        )
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(directory)
+
+
+def select_hf_tensors(
+    tensors: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple],
+    model_name: str,
+    *,
+    optional: Mapping[str, tuple] | None = None,
+    rename: Callable[[str], str] = lambda name: name,
+    ignored: Callable[[str], bool] = lambda name: False,
+) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors by (renamed) HF name, once every name of `expected` (name -> shape) is there with
+    its shape. Names of `optional` are shape-checked and dropped (a tied head's copy); `ignored` names (buffers) are
+    dropped. Otherwise a ValueError lists every missing, unexpected and mis-shaped tensor (nothing is assigned)."""
+    optional = optional or {}
+    provided, unexpected, mismatched = {}, [], {}
+    for name, array in tensors.items():
+        short_name = rename(name)
+        if ignored(short_name):
+            continue
+        shape = expected.get(short_name, optional.get(short_name))
+        if shape is None:
+            unexpected.append(name)
+        elif tuple(array.shape) != tuple(shape):
+            mismatched[short_name] = f"{name}: checkpoint {tuple(array.shape)} vs model {tuple(shape)}"
+        elif short_name in expected:
+            provided[short_name] = array
+    missing = sorted(set(expected) - set(provided) - set(mismatched))
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"checkpoint does not match {model_name}: "
+            f"missing={missing}, unexpected={sorted(unexpected)}, shape_mismatch={list(mismatched.values())}"
+        )
+    return provided

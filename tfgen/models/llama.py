@@ -1,0 +1,304 @@
+"""Llama-family decoders — HF `llama`, `mistral`, `qwen2`, `qwen3` — as one Keras 3 model (TF backend) with tfgen's
+static-buffer KV cache for XLA-compiled generation.
+
+Layout for CPU decoding: every kernel is stored `[in, out]`, q/k/v are one kernel and gate/up another (fused when an
+HF checkpoint is loaded, split again by `hf_state_dict`), and the token embedding is stored `[hidden, vocab]`, so the
+(tied or untied) LM head is an `x @ W` that XLA's CPU dot reads at full bandwidth for one row as for many, and no
+decoding view is needed. A decode step at batch 1 is then a handful of matrix-vector products per layer.
+
+Attention is grouped-query without repeating keys/values: the queries of the `groups` heads that share a key/value
+head are stacked as rows `[B, kv_heads, groups * T, head_dim]` against that head's `[B, kv_heads, S, head_dim]` cache.
+The config, checked field by field before any layer is built, lives in `tfgen.models.llama_config` (re-exported).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
+from tfgen.models.layers import (
+    ACTIVATIONS,
+    apply_rotary,
+    attention_allowed,
+    dense,
+    dropout,
+    rms_norm,
+    rotary_cos_sin,
+    write_slots,
+)
+from tfgen.models.llama_config import LlamaConfig
+
+__all__ = ["CausalLMOutput", "LlamaConfig", "LlamaDecoderLayer", "LlamaForCausalLM"]
+
+# RoPE frequency buffers that old checkpoints still carry (HF recomputes them from the config).
+_IGNORED_HF_BUFFER = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
+
+
+class _HFPart(NamedTuple):
+    """Where one HF tensor lives: `variable`, its `columns` (a slice of the last axis; None = all of it), whether
+    HF stores it transposed (`[out, in]` against our `[in, out]`), and its HF shape."""
+
+    variable: Any
+    columns: slice | None
+    transposed: bool
+    hf_shape: tuple
+
+
+class _Weights:
+    """Creates a layer's weights with HF's initialisation and records, per HF tensor name, which part of which
+    variable it fills (`parts`)."""
+
+    def __init__(self, layer: keras.layers.Layer, config: LlamaConfig, hf_prefix: str):
+        self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
+        self.parts: dict[str, _HFPart] = {}
+
+    def _add(self, name: str, shape, initializer):
+        # No Keras autocast: the code casts explicitly, so `call` and `call_with_cache` compute alike.
+        return self.layer.add_weight(shape=shape, initializer=initializer, name=name, autocast=False)
+
+    def norm(self, hf_name: str, dim: int):
+        variable = self._add(hf_name.replace(".", "_"), (dim,), "ones")
+        self.parts[self.hf_prefix + hf_name] = _HFPart(variable, None, False, (dim,))
+        return variable
+
+    def embedding(self, hf_name: str, vocab_size: int, dim: int):
+        """A `[dim, vocab]` matrix for HF's `[vocab, dim]` one."""
+        initializer = keras.initializers.RandomNormal(stddev=self.config.initializer_range)
+        variable = self._add(hf_name.replace(".", "_"), (dim, vocab_size), initializer)
+        self.parts[self.hf_prefix + hf_name] = _HFPart(variable, None, True, (vocab_size, dim))
+        return variable
+
+    def linear(self, module: str, projections: tuple[str, ...], n_in: int, widths: tuple[int, ...], bias: bool):
+        """One kernel `[n_in, sum(widths)]` (and bias, or None) standing for HF's `Linear` layers
+        `module.projection` (weights `[width, n_in]`), side by side in that order."""
+        name = f"{module}.{'_'.join(projections)}".replace(".", "_")
+        initializer = keras.initializers.RandomNormal(stddev=self.config.initializer_range)
+        kernel = self._add(f"{name}_kernel", (n_in, sum(widths)), initializer)
+        bias_variable = self._add(f"{name}_bias", (sum(widths),), "zeros") if bias else None
+        start = 0
+        for projection, width in zip(projections, widths):
+            columns, hf_name = slice(start, start + width), f"{self.hf_prefix}{module}.{projection}"
+            self.parts[f"{hf_name}.weight"] = _HFPart(kernel, columns, True, (width, n_in))
+            if bias:
+                self.parts[f"{hf_name}.bias"] = _HFPart(bias_variable, columns, False, (width,))
+            start += width
+        return kernel, bias_variable
+
+
+class LlamaDecoderLayer(keras.layers.Layer):
+    """One pre-norm decoder layer: RMSNorm → attention (RoPE, grouped-query, optional sliding window) → residual,
+    RMSNorm → gated MLP `down(act(gate(x)) * up(x))` → residual."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.window = config.layer_windows[layer_idx]
+        weights = _Weights(self, config, f"model.layers.{layer_idx}.")
+        d, hd, inner = config.hidden_size, config.head_dim, config.intermediate_size
+        q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+        self.input_norm = weights.norm("input_layernorm.weight", d)
+        self.qkv = weights.linear("self_attn", ("q_proj", "k_proj", "v_proj"), d, (q, kv, kv), config.qkv_bias)
+        self.q_norm = weights.norm("self_attn.q_norm.weight", hd) if config.qk_norm else None
+        self.k_norm = weights.norm("self_attn.k_norm.weight", hd) if config.qk_norm else None
+        self.o_proj = weights.linear("self_attn", ("o_proj",), q, (d,), config.output_bias)
+        self.post_norm = weights.norm("post_attention_layernorm.weight", d)
+        self.gate_up = weights.linear("mlp", ("gate_proj", "up_proj"), d, (inner, inner), config.mlp_bias)
+        self.down = weights.linear("mlp", ("down_proj",), inner, (d,), config.mlp_bias)
+        self.hf_parts = weights.parts
+        # Folded into the queries (T x head_dim values) rather than the scores (T x S).
+        self.query_scale = 1.0 / math.sqrt(hd)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.built = True
+
+    def forward(self, x, cos, sin, allowed, layer_cache, cache_index, training, seed_generator):
+        """x `[B, T, D]`; cos/sin `[B, T, head_dim // 2]`. Without a cache the keys are this call's own and `allowed`
+        is bool `[B, 1, T, T]`. With `layer_cache` = (keys, values) `[B, kv_heads, L, head_dim]`, `allowed` is a pair:
+        bool `[B, 1, T, L]` over the cache as it was (slots before `cache_index`; None: none) and `[B, 1, T, T]` over
+        the new tokens, which are written at slots `[cache_index, cache_index + T)`. Returns (x `[B, T, D]`, updated
+        layer_cache or None)."""
+        config = self.config
+        heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        groups, length = config.num_key_value_groups, tf.shape(x)[1]
+        qkv = dense(rms_norm(x, self.input_norm, config.rms_norm_eps), *self.qkv)
+        query, key, value = tf.split(qkv, [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], axis=-1)
+        query = tf.reshape(query, [-1, length, heads, head_dim])
+        key = tf.reshape(key, [-1, length, kv_heads, head_dim])
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+            query = rms_norm(query, self.q_norm, config.rms_norm_eps)
+            key = rms_norm(key, self.k_norm, config.rms_norm_eps)
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        key = tf.transpose(key, [0, 2, 1, 3])  # [B, kv_heads, T, head_dim]
+        value = tf.transpose(tf.reshape(value, [-1, length, kv_heads, head_dim]), [0, 2, 1, 3])
+        # HF's head h uses key/value head h // groups: rows [g * T + t] of key/value head k are query head
+        # k * groups + g at token t.
+        query = tf.reshape(query * tf.cast(self.query_scale, query.dtype), [-1, length, kv_heads, groups, head_dim])
+        query = tf.reshape(tf.transpose(query, [0, 2, 3, 1, 4]), [-1, kv_heads, groups * length, head_dim])
+        if layer_cache is None:
+            attended = self._attend(query, [(key, value, allowed)], training, seed_generator)
+        else:
+            # The new tokens are attended from this call's keys and the earlier ones from the cache as it came in;
+            # the cache is only written for the next call. Attending over the freshly written cache instead makes
+            # XLA duplicate the slot write into a second fusion feeding the attention, which rewrites the whole
+            # cache at every step (measured: 158 instead of 44 ms per step at 2k slots on a 135M model).
+            (old_allowed, new_allowed), (old_keys, old_values) = allowed, layer_cache
+            blocks = [(key, value, new_allowed)]
+            if old_allowed is not None:
+                blocks.insert(0, (old_keys, old_values, old_allowed))
+            attended = self._attend(query, blocks, training, seed_generator)
+            layer_cache = (write_slots(old_keys, key, cache_index), write_slots(old_values, value, cache_index))
+        attended = tf.transpose(tf.reshape(attended, [-1, kv_heads, groups, length, head_dim]), [0, 3, 1, 2, 4])
+        x = x + dense(tf.reshape(attended, [-1, length, heads * head_dim]), *self.o_proj)
+        gate, up = tf.split(dense(rms_norm(x, self.post_norm, config.rms_norm_eps), *self.gate_up), 2, axis=-1)
+        return x + dense(self.activation(gate) * up, *self.down), layer_cache
+
+    def _attend(self, query, blocks, training, seed_generator):
+        """Softmax attention of grouped queries `[B, kv_heads, groups * T, head_dim]` (already scaled) over the slots
+        of every block (keys, values `[B, kv_heads, S_i, head_dim]`, allowed bool `[B, 1, T, S_i]`) together.
+        Returns `[B, kv_heads, groups * T, head_dim]`."""
+        config = self.config
+        kv_heads, groups = config.num_key_value_heads, config.num_key_value_groups
+        length = tf.shape(blocks[0][2])[2]
+        scores, sizes = [], []
+        for keys, _, allowed in blocks:
+            block = tf.matmul(query, tf.cast(keys, query.dtype), transpose_b=True)  # [B, kv_heads, groups * T, S_i]
+            sizes.append(tf.shape(block)[-1])
+            block = tf.reshape(block, [-1, kv_heads, groups, length, sizes[-1]])
+            # A finite floor instead of -inf: a fully masked (padding) row then softmaxes to uniform weights over
+            # finite values instead of NaN, which would leak into later tokens through the cache.
+            scores.append(tf.where(allowed[:, :, tf.newaxis], block, tf.constant(block.dtype.min, block.dtype)))
+        scores = scores[0] if len(scores) == 1 else tf.concat(scores, axis=-1)
+        probabilities = tf.cast(tf.nn.softmax(tf.cast(scores, tf.float32)), query.dtype)
+        probabilities = dropout(probabilities, config.attention_dropout, training, seed_generator)
+        probabilities = tf.reshape(probabilities, [-1, kv_heads, groups * length, tf.shape(probabilities)[-1]])
+        parts = [probabilities] if len(blocks) == 1 else tf.split(probabilities, tf.stack(sizes), axis=-1)
+        attended = [tf.matmul(part, tf.cast(values, query.dtype)) for part, (_, values, _) in zip(parts, blocks)]
+        return tf.add_n(attended)
+
+
+class LlamaForCausalLM(KerasCausalLM):
+    """A Llama-family decoder with an LM head (`config.model_type` picks the family). Weights exist right after
+    construction (HF's random init); a config whose weights cannot fit in the memory available is refused first
+    (`LlamaConfig.check_fits_in_memory`).
+
+    `call` is the plain (training / scoring) forward; `init_cache` / `call_with_cache` implement
+    `tfgen.models.protocol.CausalLMProtocol`. The cache is a tuple over layers of (keys, values), each
+    `[batch, num_key_value_heads, max_length, head_dim]`.
+
+    Trained with Keras: `compile(optimizer)` without a `loss` uses the causal-LM loss (see `compute_loss`).
+    """
+
+    config_class = LlamaConfig
+
+    def __init__(self, config: LlamaConfig, dtype=None, **kwargs):
+        super().__init__(config, dtype=dtype, **kwargs)
+        self.rope = config.rope()
+        weights = _Weights(self, config, "")
+        self.embed_tokens = weights.embedding("model.embed_tokens.weight", config.vocab_size, config.hidden_size)
+        self.decoder_layers = [
+            LlamaDecoderLayer(config, index, dtype=self.dtype_policy, name=f"layers_{index}")
+            for index in range(config.num_hidden_layers)
+        ]
+        self.norm = weights.norm("model.norm.weight", config.hidden_size)
+        self.lm_head = (
+            self.embed_tokens if config.tie_word_embeddings
+            else weights.embedding("lm_head.weight", config.vocab_size, config.hidden_size)
+        )
+        self._hf_parts = dict(weights.parts)
+        for layer in self.decoder_layers:
+            self._hf_parts.update(layer.hf_parts)
+        self.seed_generator = keras.random.SeedGenerator()
+        self.built = True
+
+    # ----------------------------------------------------------------------------------------- forward
+
+    def _forward(self, input_ids, position_ids, query_index, key_mask, cache, cache_index, training):
+        """input_ids / position_ids int32 `[B, T]`; query_index int32 `[T]` (the tokens' buffer slots); key_mask
+        `[B, S]`. Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or None)."""
+        # The embedding is stored [D, vocab]: gather columns, then put the hidden axis last.
+        x = tf.transpose(tf.gather(self.embed_tokens, input_ids, axis=1), [1, 2, 0])
+        x = tf.cast(x, self.compute_dtype)
+        cos, sin = rotary_cos_sin(position_ids, self.rope.inverse_frequencies, self.rope.attention_scaling, x.dtype)
+        masks = {window: self._masks(query_index, key_mask, window, cache_index)
+                 for window in set(self.config.layer_windows)}
+        layer_caches = [None] * len(self.decoder_layers) if cache is None else cache
+        new_caches = []
+        for layer, layer_cache in zip(self.decoder_layers, layer_caches):
+            x, layer_cache = layer.forward(
+                x, cos, sin, masks[layer.window], layer_cache, cache_index, training, self.seed_generator
+            )
+            new_caches.append(layer_cache)
+        hidden = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        return hidden, None if cache is None else tuple(new_caches)
+
+    @staticmethod
+    def _masks(query_index, key_mask, window, cache_index):
+        """What a layer with sliding `window` (or None) may attend: bool `[B, 1, T, S]` over its own keys without a
+        cache (`cache_index` None); with one, (`[B, 1, T, L]` over the cache's earlier slots, or None when
+        `cache_index` is a constant 0; `[B, 1, T, T]` over the new tokens at slots `query_index`)."""
+        if cache_index is None:
+            return attention_allowed(query_index, key_mask, window)
+        new = attention_allowed(query_index, tf.gather(key_mask, query_index, axis=1), window, key_index=query_index)
+        if tf.get_static_value(cache_index) == 0:
+            # A prefill: no earlier slots. Leaving them out also keeps XLA from folding an all-false [T, L] mask
+            # into constants, which took it minutes to compile a 2k-token prefill.
+            return None, new
+        earlier = tf.cast(key_mask, tf.bool) & (tf.range(tf.shape(key_mask)[1]) < cache_index)
+        return attention_allowed(query_index, earlier, window), new
+
+    def _logits(self, hidden):
+        # float32 logits whatever the compute dtype: losses and sampling want full precision.
+        return tf.cast(tf.matmul(hidden, tf.cast(self.lm_head, hidden.dtype)), tf.float32)
+
+    def _hidden_states(self, input_ids, attention_mask, position_ids, training):
+        """Final-norm hidden states `[B, T, D]` of the plain forward (see `KerasCausalLM.call`)."""
+        query_index = tf.range(tf.shape(input_ids)[1])
+        hidden, _ = self._forward(input_ids, position_ids, query_index, attention_mask, None, None, training)
+        return hidden
+
+    def _cached_forward(self, input_ids, cache, cache_index, attention_mask, position_ids):
+        """(hidden states `[B, T, D]`, updated cache) of `call_with_cache` (see `KerasCausalLM`); the cache is a tuple
+        over layers of (keys, values), each `[B, num_key_value_heads, max_length, head_dim]`."""
+        query_index = cache_index + tf.range(tf.shape(input_ids)[1])
+        return self._forward(input_ids, position_ids, query_index, attention_mask, cache, cache_index, False)
+
+    # ------------------------------------------------------------------------------------- HF weights
+
+    def load_hf_state_dict(self, tensors: Mapping[str, np.ndarray]) -> None:
+        """Assigns HF weights (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, ...,
+        `lm_head.weight`, optional when tied; `rotary_emb.inv_freq` buffers ignored), transposing and fusing them
+        into our layout. Missing, unexpected or mis-shaped tensors raise `ValueError` listing them all; nothing is
+        assigned then. Values are cast to the variables' dtype (bfloat16 → float32 is exact)."""
+        expected = {name: part.hf_shape for name, part in self._hf_parts.items()}
+        tied_head = {"lm_head.weight": (self.config.vocab_size, self.config.hidden_size)}
+        provided = select_hf_tensors(
+            tensors, expected, f"LlamaForCausalLM ({self.config.model_type})",
+            optional=tied_head if self.config.tie_word_embeddings else None, ignored=_IGNORED_HF_BUFFER.fullmatch,
+        )
+        pieces: dict[int, list] = {}
+        for name, array in provided.items():
+            part = self._hf_parts[name]
+            pieces.setdefault(id(part.variable), []).append((part, array))
+        for variable_pieces in pieces.values():
+            variable = variable_pieces[0][0].variable
+            variable_pieces.sort(key=lambda piece: 0 if piece[0].columns is None else piece[0].columns.start)
+            values = [tf.cast(tf.convert_to_tensor(array), variable.dtype) for _, array in variable_pieces]
+            values = [tf.transpose(value) if part.transposed else value
+                      for (part, _), value in zip(variable_pieces, values)]
+            variable.assign(values[0] if len(values) == 1 else tf.concat(values, axis=-1))
+
+    def hf_state_dict(self) -> dict[str, np.ndarray]:
+        """The weights under HF names and layouts (`[out, in]` kernels, q/k/v and gate/up split again; a tied
+        `lm_head.weight` omitted, as HF saves it)."""
+        arrays = {}
+        for name, part in self._hf_parts.items():
+            value = keras.ops.convert_to_numpy(part.variable)
+            value = value if part.columns is None else value[..., part.columns]
+            arrays[name] = np.ascontiguousarray(value.T if part.transposed else value)
+        return arrays
