@@ -19,7 +19,8 @@ def resolve_checkpoint(model: str, cache_dir: str) -> str:
     if model.endswith(".gguf") and Path(model).is_file():
         return model
     if model != RANDOM_124M:
-        from tfgen.model_registry import MODELS, pull
+        from tfgen.model_pull import pull
+        from tfgen.model_registry import MODELS
 
         if model in MODELS:
             return str(pull(model))

@@ -131,7 +131,7 @@ def report_tables(results: dict) -> str:
         if errors:
             lines += ["Not measured:", "", *(f"- {error}" for error in errors), ""]
         if entry["first_call"]:
-            strategies = results["settings"]["strategies"]
+            strategies = _strategies_of(entry, results)
             header = ["library", "load s", *(f"first call {s} s" for s in strategies), "peak RSS MB"]
             lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             for library, first in entry["first_call"].items():
@@ -144,6 +144,12 @@ def report_tables(results: dict) -> str:
                 )
             lines.append("")
     return "\n".join(lines)
+
+
+def _strategies_of(entry: dict, results: dict) -> list[str]:
+    """The strategies measured for one model, in the settings' order (merged runs may measure different ones)."""
+    measured = {cell["strategy"] for cell in entry["cells"]}
+    return [strategy for strategy in results["settings"]["strategies"] if strategy in measured]
 
 
 def _slug(text: str) -> str:
@@ -160,8 +166,8 @@ def plot(results: dict, directory: Path) -> list[Path]:
 
     written = []
     libraries = results["settings"]["libraries"]
-    strategies = results["settings"]["strategies"]
     for entry in results["models"]:
+        strategies = _strategies_of(entry, results)
         figure, axes = plt.subplots(1, len(strategies), figsize=(4 * len(strategies), 3.6), squeeze=False)
         for axis, strategy in zip(axes[0], strategies):
             cells = [cell for cell in entry["cells"] if cell["strategy"] == strategy]
