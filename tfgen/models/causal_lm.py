@@ -108,10 +108,11 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
             return CacheStepOutput(None, hidden, cache)
         return CacheStepOutput(self._logits(hidden[:, -1:] if last_logits_only else hidden, **head), hidden, cache)
 
-    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
+    def logits_from_hidden(self, hidden_states, head_transposed=None) -> tf.Tensor:
         """float32 logits `[..., vocab]` of final-norm hidden states `[..., D]` (the `hidden_states` of
-        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call."""
-        return self._logits(hidden_states)
+        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call. `head_transposed`:
+        the head copy a decoding view made (see `TransposedHeadView`), or None for the stored head."""
+        return self._logits(hidden_states) if head_transposed is None else self._logits(hidden_states, head_transposed)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Keras hook. With a `loss` given to `compile()`, Keras's default. Otherwise the causal-LM loss:
@@ -179,3 +180,23 @@ def select_hf_tensors(
             f"missing={missing}, unexpected={sorted(unexpected)}, shape_mismatch={list(mismatched.values())}"
         )
     return provided
+
+
+class TransposedHeadView:
+    """A model whose LM head uses `head_transposed`, a transposed copy of its stored head made for one program run
+    (see the models' `decoding_view`): every step's `_logits` gets it as `head_transposed`."""
+
+    def __init__(self, model: KerasCausalLM, head_transposed: tf.Tensor):
+        self._model, self._head_transposed = model, head_transposed
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decoding_view(self, rows):
+        return self
+
+    def call_with_cache(self, *args, **kwargs) -> CacheStepOutput:
+        return self._model.call_with_cache(*args, head_transposed=self._head_transposed, **kwargs)
+
+    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
+        return self._model.logits_from_hidden(hidden_states, self._head_transposed)

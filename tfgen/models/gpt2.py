@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, TransposedHeadView, select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
     WeightFactory,
@@ -26,7 +26,6 @@ from tfgen.models.layers import (
     write_slots,
 )
 from tfgen.models.gpt2_config import GPT2Config
-from tfgen.models.protocol import CacheStepOutput
 
 __all__ = ["CausalLMOutput", "GPT2Block", "GPT2Config", "GPT2LMHeadModel"]
 
@@ -148,7 +147,7 @@ class GPT2LMHeadModel(KerasCausalLM):
         """
         if rows == 1:
             return self
-        return _TransposedHeadView(self, tf.transpose(self.lm_head))
+        return TransposedHeadView(self, tf.transpose(self.lm_head))
 
     def _hidden_states(self, input_ids, attention_mask, position_ids, training):
         """Final-norm hidden states `[B, T, D]` of the plain forward (see `KerasCausalLM.call`)."""
@@ -185,21 +184,3 @@ class GPT2LMHeadModel(KerasCausalLM):
             for name, variable in self._hf_variables.items()
         }
 
-
-class _TransposedHeadView:
-    """A GPT-2 model whose LM head uses a `[D, vocab]` copy made for one program run (see `decoding_view`)."""
-
-    def __init__(self, model: GPT2LMHeadModel, head_transposed: tf.Tensor):
-        self._model, self._head_transposed = model, head_transposed
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def decoding_view(self, rows):
-        return self
-
-    def call_with_cache(self, *args, **kwargs) -> CacheStepOutput:
-        return self._model.call_with_cache(*args, head_transposed=self._head_transposed, **kwargs)
-
-    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
-        return self._model._logits(hidden_states, self._head_transposed)
