@@ -1,4 +1,4 @@
-"""The checkpoints every library loads (HF layout), and the sizes the roofline needs."""
+"""The checkpoints every library loads (HF layout or GGUF), and the sizes the roofline needs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.peers import is_gguf
 
 RANDOM_124M = "random-124m"
 # Relative to the working directory, as it is named in the reports; the benchmark runs from a checkout.
@@ -16,7 +18,7 @@ def resolve_checkpoint(model: str, cache_dir: str) -> str:
     """The checkpoint every library loads for `model`: `random-124m` (an HF-layout directory built once under
     `cache_dir`), a directory with config.json, a `.gguf` file, or a model name of `tfgen pull` (its GGUF file,
     fetched and verified on first use)."""
-    if model.endswith(".gguf") and Path(model).is_file():
+    if is_gguf(model) and Path(model).is_file():
         return model
     if model != RANDOM_124M:
         from tfgen.model_pull import pull
@@ -45,7 +47,7 @@ def resolve_checkpoint(model: str, cache_dir: str) -> str:
 def checkpoint_info(checkpoint: str) -> dict:
     """Parameter count and the float32 bytes one batch-1 decode step reads (every weight once, except the
     position and, when the head is untied, token embeddings, of which it reads one row)."""
-    if checkpoint.endswith(".gguf"):
+    if is_gguf(checkpoint):
         return _gguf_info(checkpoint)
     from safetensors import safe_open
 

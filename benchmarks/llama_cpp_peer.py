@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from benchmarks.peers import BENCH_REQUESTS, Runner, Unavailable, _import_peer
+from benchmarks.peers import BENCH_REQUESTS, Runner, Unavailable, import_peer, is_gguf
 
 # Every context holds this many slots per row (prompt + new tokens must fit).
 _SLOTS_PER_ROW = 256
@@ -26,9 +26,10 @@ class LlamaCppRunner(Runner):
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
-        if not str(checkpoint).endswith(".gguf"):
+        if not is_gguf(checkpoint):
             raise Unavailable("llama.cpp reads GGUF files only")
-        self.lib = _import_peer("llama_cpp", "llama-cpp-python (pip install llama-cpp-python; never a tfgen dependency)")
+        # Never a tfgen dependency, nor in the bench extra: it compiles llama.cpp at install time.
+        self.lib = import_peer("llama_cpp", "llama-cpp-python", install="pip install llama-cpp-python")
         self.lib.llama_backend_init()
         # llama.cpp logs every load and context to stderr; the benchmark's output is its tables.
         self._quiet_log = self.lib.llama_log_callback(lambda level, text, user_data: None)

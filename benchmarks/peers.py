@@ -47,7 +47,8 @@ def short_error(error: BaseException) -> str:
 
 
 def is_gguf(checkpoint: str) -> bool:
-    """Whether `checkpoint` is a GGUF file (llama.cpp's format) rather than an HF-layout directory."""
+    """Whether `checkpoint` is a GGUF file (llama.cpp's format) rather than an HF-layout directory. Not
+    `tfgen.gguf.is_gguf_path`: importing tfgen configures XLA's compile cache, which a peer's process must not get."""
     return str(checkpoint).endswith(".gguf")
 
 
@@ -139,7 +140,7 @@ class KerasHubRunner(Runner):
         super().__init__(checkpoint, new_tokens)
         if is_gguf(checkpoint):
             raise Unavailable("keras-hub does not read GGUF files")
-        self.keras_hub = _import_peer("keras_hub", "keras-hub")
+        self.keras_hub = import_peer("keras_hub", "keras-hub")
         # keras-hub converts HF-layout GPT-2 checkpoints itself when given their directory.
         self.backbone = self.keras_hub.models.GPT2Backbone.from_preset(checkpoint)
         self.models = {}  # one CausalLM per strategy: compile(sampler=) would drop the compiled function
@@ -175,7 +176,7 @@ class HfTorchRunner(Runner):
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
-        self.torch = _import_peer("torch", "torch")
+        self.torch = import_peer("torch", "torch")
         transformers = _quiet_transformers()
         if is_gguf(checkpoint):
             path = os.path.abspath(checkpoint)
@@ -211,16 +212,16 @@ RUNNERS = {
 }
 
 
-def _import_peer(module: str, package: str):
-    """`import module`; raises `Unavailable` naming `package` and the extra that installs it when it is missing."""
+def import_peer(module: str, package: str, install: str = 'pip install -e ".[bench]"'):
+    """`import module`; raises `Unavailable` naming `package` and the command that installs it when it is missing."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise Unavailable(f'{package} is not installed (pip install -e ".[bench]")') from None
+        raise Unavailable(f"{package} is not installed ({install})") from None
 
 
 def _quiet_transformers():
-    transformers = _import_peer("transformers", "transformers")
+    transformers = import_peer("transformers", "transformers")
     transformers.logging.set_verbosity_error()
     return transformers
 

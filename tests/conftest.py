@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,8 +57,6 @@ def tiny_model(tiny_checkpoint):
 @pytest.fixture(scope="session")
 def model_dir(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint plus the word-level tokenizer ("w3" ... "w96"), as `--model` expects (read-only)."""
-    import shutil
-
     directory = tmp_path_factory.mktemp("word_level_model")
     shutil.copytree(tiny_checkpoint[0], directory, dirs_exist_ok=True)
     word_level_tokenizer().save_pretrained(directory)

@@ -115,6 +115,16 @@ def test_unknown_library_is_rejected_by_the_parser(capsys):
     assert "vllm" in capsys.readouterr().err
 
 
+def test_llama_cpp_is_unavailable_with_the_way_to_install_it(tmp_path, monkeypatch):
+    from benchmarks.peers import Unavailable, load_runner
+
+    with pytest.raises(Unavailable, match="GGUF files only"):
+        load_runner("llama-cpp", str(tmp_path), 4)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not installed, whatever this environment has
+    with pytest.raises(Unavailable, match=r"llama-cpp-python is not installed \(pip install llama-cpp-python\)$"):
+        load_runner("llama-cpp", str(tmp_path / "model.gguf"), 4)
+
+
 def test_tfgen_bench_help_is_the_harness_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--help"])

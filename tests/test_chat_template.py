@@ -185,6 +185,13 @@ def test_template_locations_load_as_in_hf(backend, tmp_path, where):
     assert ours.apply_chat_template(conversation) == hf.apply_chat_template(conversation)
 
 
+def test_named_templates_besides_the_default_are_warned_about(backend, tmp_path, caplog):
+    """HF would render the "tool_use" template when tools are given; tfgen keeps the default only, and says so."""
+    directory = write_checkpoint(tmp_path / "named", backend, chat_templates.MISTRAL, "config_list")
+    assert Tokenizer.from_pretrained(directory).chat_template == chat_templates.MISTRAL
+    assert "only the 'default' chat template" in caplog.text and "['tool_use']" in caplog.text
+
+
 def test_chat_template_jinja_wins_over_the_config(backend, tmp_path):
     directory = write_checkpoint(tmp_path / "both", backend, chat_templates.LLAMA3, "config")
     (directory / "chat_template.jinja").write_text(chat_templates.SMOLLM2, encoding="utf-8")

@@ -210,6 +210,17 @@ def test_serve_without_export_dir_serves_the_shipped_model(monkeypatch):
     assert not os.path.exists(served["export_dir"])
 
 
+def test_model_option_is_one_for_every_command_that_loads_a_model(capsys):
+    helps = {}
+    for command in ("generate", "batch", "export"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        helps[command] = re.search(r"--model MODEL (.*?shipped model)", text).group(1)
+    assert len(set(helps.values())) == 1, helps
+    assert all(word in helps["export"] for word in (".gguf", "hub id", "tfgen pull --list", "pulled on first use"))
+
+
 def test_serve_help_defaults_match_the_server():
     import tfgen.serving
     from tfgen.commands import serve as serve_command

@@ -90,6 +90,8 @@ def test_cli_generate_from_a_gguf_file(tmp_path, capsys):
 def test_gguf_errors_name_the_file(tmp_path):
     with pytest.raises(OSError, match="absent.gguf"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "absent.gguf")
+    with pytest.raises(ValueError, match="revision is a Hub option"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "absent.gguf", revision="v2")
     path = write_gguf(tmp_path / "m.gguf", build_hf_model("llama", VOCAB), arch="llama",
                       skip={"blk.0.ffn_up.weight"})
     with pytest.raises(ValueError, match=r"m.gguf.*missing=\['model.layers.0.mlp.up_proj.weight'\]"):

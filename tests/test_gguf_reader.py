@@ -187,3 +187,5 @@ def test_tensors_not_matching_the_metadata(tmp_path):
            metadata={"llama.rope.scaling.type": ("longrope", STR)})
     _error(tmp_path, "'tokenizer.ggml.eos_token_id' is 9999, outside the vocabulary",
            metadata={"tokenizer.ggml.eos_token_id": (9999, U32)})
+    _error(tmp_path, "llama.expert_count is 8: mixture-of-experts models are not supported",
+           metadata={"llama.expert_count": (8, U32)})

@@ -110,6 +110,10 @@ def test_unsupported_tokenizer_metadata(tmp_path):
         ({"tokenizer.ggml.merges": (["zz qq"], gguf.GGUFValueType.ARRAY)}, "does not make a valid tokenizer"),
         ({"tokenizer.ggml.tokens": (["a", "b", "a"] * (VOCAB // 3) + ["c"] * (VOCAB % 3), gguf.GGUFValueType.ARRAY)},
          r"repeats tokens: \['a', 'b'"),
+        # An id within the model's vocabulary (llama.vocab_size) but past the tokenizer's tokens.
+        ({"llama.vocab_size": (VOCAB + 8, gguf.GGUFValueType.UINT32),
+          "tokenizer.ggml.eos_token_id": (VOCAB + 3, gguf.GGUFValueType.UINT32)},
+         rf"eos_token_id is {VOCAB + 3}, outside the {VOCAB} tokens of tokenizer.ggml.tokens"),
     ]
     for index, (metadata, match) in enumerate(cases):
         path = _file(tmp_path, name=f"bad{index}.gguf", metadata=metadata)
@@ -124,3 +128,15 @@ def test_build_backend_reports_special_tokens(tmp_path):
     backend, special = build_backend(open_gguf(_file(tmp_path, tokenizer="llama", pre=None, add_bos=None)))
     assert special == {"bos_token": "<s>", "eos_token": "</s>", "pad_token": None}
     assert backend.get_vocab_size() == SPM_VOCAB
+
+
+def test_hub_options_are_refused_with_a_gguf_file(tmp_path):
+    """A GGUF file is read from its local path: Hub options could not act on it, so they are refused, not ignored;
+    `local_files_only` (a GGUF file never touches the network) is honoured whatever its value."""
+    path = _file(tmp_path)
+    for option, value in (("revision", "v2"), ("cache_dir", tmp_path), ("token", "hf_x")):
+        with pytest.raises(ValueError, match=rf"{option} is a Hub option.*m.gguf"):
+            Tokenizer.from_pretrained(path, **{option: value})
+    with pytest.raises(ValueError, match=r"revision, token are Hub options"):
+        Tokenizer.from_pretrained(tmp_path / "absent.gguf", revision="main", token=False)
+    assert Tokenizer.from_pretrained(path, local_files_only=True).vocab_size == VOCAB

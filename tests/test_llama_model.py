@@ -83,6 +83,7 @@ BAD_CONFIGS = [
     ("llama", {"rope_scaling": "linear"}, TypeError, ["rope_scaling"]),
     ("llama", {"partial_rotary_factor": 0.5}, ValueError, ["partial_rotary_factor"]),
     ("llama", {"quantization_config": {"quant_method": "gptq"}}, ValueError, ["quantization_config"]),
+    ("llama", {"rope_parameters": {"rope_theta": 500000.0}}, ValueError, ["rope_parameters"]),
     ("mistral", {"sliding_window": 0}, ValueError, ["sliding_window"]),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["full_attention"]}, ValueError,
      ["layer_types"]),
@@ -196,8 +197,27 @@ def test_cached_steps_equal_the_full_forward(family, checkpoints, batch):
         ours.init_cache(1, 0)
 
 
-# --- checkpoints -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # an untied head and one tied to the embedding
+def test_decoding_view_computes_the_same_logits(family, checkpoints, batch):
+    """The multi-row view multiplies by a `[vocab, D]` copy of the `[D, vocab]` head: same logits (by
+    `call_with_cache` and `logits_from_hidden`), same cache, no new weights; one-row steps get the model itself."""
+    import tensorflow as tf
 
+    _, _, ours = checkpoints[family]
+    ids, mask = batch
+    assert ours.decoding_view(1) is ours
+    view = ours.decoding_view(3)
+    assert view.config is ours.config and len(view.variables) == len(ours.variables)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    plain = ours.call_with_cache(ids, ours.init_cache(3, ids.shape[1]), tf.constant(0), mask, positions)
+    viewed = view.call_with_cache(ids, ours.init_cache(3, ids.shape[1]), tf.constant(0), mask, positions)
+    np.testing.assert_allclose(viewed.logits.numpy(), plain.logits.numpy(), atol=1e-5)
+    for theirs, mine in zip(tf.nest.flatten(plain.cache), tf.nest.flatten(viewed.cache)):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    np.testing.assert_allclose(view.logits_from_hidden(plain.hidden_states).numpy(), plain.logits.numpy(), atol=1e-5)
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------------------
 
 def test_bfloat16_checkpoint_loads_exactly(tmp_path):
     hf_model = build_hf_model("qwen3", tmp_path, dtype=torch.bfloat16)

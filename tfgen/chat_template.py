@@ -221,7 +221,7 @@ def check_options(template_kwargs: Mapping[str, Any], tokenize: bool, **tokenize
 def read_chat_template(directory: str | os.PathLike) -> str | None:
     """The chat template of a checkpoint directory, picked as HF 4.55 picks it: `chat_template.jinja`, else
     `tokenizer_config.json`'s `chat_template` (a string, or a list of `{"name", "template"}` objects whose "default"
-    is used); None when there is none. OSError naming the file when it cannot be read, ValueError for an entry of
+    is used, with a warning naming the others); None when there is none. OSError naming the file when it cannot be read, ValueError for an entry of
     the wrong type."""
     path = os.path.join(directory, CHAT_TEMPLATE_FILE)
     if os.path.isfile(path):
@@ -240,9 +240,14 @@ def read_chat_template(directory: str | os.PathLike) -> str | None:
         for entry in value
     ):
         templates = {entry["name"]: entry["template"] for entry in value}
+        others = sorted(set(templates) - {"default"})
+        # HF keeps them all: it renders "tool_use" when tools= is given, and a template that chat_template= names.
         if "default" not in templates:
             logger.warning("%s: chat templates %s but none named 'default': the tokenizer gets no chat template",
-                           config_path, sorted(templates))
+                           config_path, others)
+        elif others:
+            logger.warning("%s: tfgen keeps only the 'default' chat template; %s are left out (HF would render "
+                           "'tool_use' when tools= is given, or one that chat_template= names)", config_path, others)
         return templates.get("default")
     raise ValueError(
         f"{config_path!r}: chat_template must be a template string or a list of {{'name': ..., 'template': ...}} "

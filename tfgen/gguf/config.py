@@ -56,13 +56,17 @@ def token_ids(file: GGUFFile) -> dict[str, int]:
 
 def hf_config_dict(file: GGUFFile) -> dict[str, Any]:
     """The HF config dict (`model_type` llama, mistral, qwen2 or qwen3) described by the file's metadata and tensor
-    table. ValueError naming the file and key for an unsupported architecture, a missing or mistyped key, a head
-    size llama.cpp and HF would disagree on, or an unsupported rope scaling."""
+    table. ValueError naming the file and key for an unsupported architecture (mixture-of-experts included), a missing
+    or mistyped key, a head size llama.cpp and HF would disagree on, or an unsupported rope scaling."""
     arch = architecture(file)
 
     def key(name: str) -> str:
         return f"{arch}.{name}"
 
+    # llama.cpp writes Mixtral-style models as "llama" with experts; their tensors would only be "unknown" below.
+    experts = file.integer(key("expert_count"), 0, minimum=0)
+    if experts:
+        raise file.error(f"{key('expert_count')} is {experts}: mixture-of-experts models are not supported")
     hidden_size = file.integer(key("embedding_length"), minimum=1)
     heads = file.integer(key("attention.head_count"), minimum=1)
     if not file.has(key("attention.key_length")) and hidden_size % heads:

@@ -97,7 +97,11 @@ def build_backend(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, str |
     if len(vocab) != len(tokens):
         repeated = sorted(token for token, count in collections.Counter(tokens).items() if count > 1)
         raise file.error(f"tokenizer.ggml.tokens repeats tokens: {repeated[:5]}")
-    ids = token_ids(file)
+    ids = token_ids(file)  # checked against the model's vocabulary, which may be longer than the tokenizer's
+    for name, token_id in ids.items():
+        if token_id >= len(tokens):
+            raise file.error(f"tokenizer.ggml.{name}_token_id is {token_id}, outside the {len(tokens)} tokens of "
+                             f"tokenizer.ggml.tokens")
     if model == "gpt2":
         backend, default_add_bos = _byte_level_backend(file, vocab)
     else:

@@ -11,7 +11,7 @@ from typing import Any
 import keras
 
 from tfgen.config import GenerationConfig
-from tfgen.gguf import is_gguf_path
+from tfgen.gguf import is_gguf_path, refuse_hub_options
 from tfgen.gguf.config import hf_config_dict
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tensors import read_hf_tensors
@@ -100,6 +100,8 @@ class AutoModelForCausalLM:
         policy = None if dtype is None else keras.dtype_policies.get(dtype)
         if is_gguf_path(path_or_repo_id):
             # One file holds the config (as metadata) and the weights (dequantized to float32 once checked).
+            # A file is local: Hub options could do nothing for it.
+            refuse_hub_options(path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token)
             gguf_file = open_gguf(path_or_repo_id)
             config_dict = hf_config_dict(gguf_file)
             return _build_pretrained(config_dict, dtype, policy, Path(gguf_file.path), None,

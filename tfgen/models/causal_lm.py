@@ -30,10 +30,12 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
     """Base of the Keras 3 models. A subclass sets `config_class` and provides `_hidden_states(input_ids,
     attention_mask, position_ids, training)` (the final-norm hidden states of a plain forward), `_cached_forward(
     input_ids, cache, cache_index, attention_mask, position_ids)` (hidden states and the updated cache of
-    `call_with_cache`), `_logits(hidden)` (float32 logits) and `hf_state_dict()`. The cache is a tuple over layers of
-    (keys, values) (`init_cache`)."""
+    `call_with_cache`), the `lm_head` variable with its layout `lm_head_vocab_major`, and `hf_state_dict()`. The cache
+    is a tuple over layers of (keys, values) (`init_cache`)."""
 
     config_class: type
+    # Whether `lm_head` is stored `[vocab, D]` (True) or `[D, vocab]` (False); a decoding view uses the other layout.
+    lm_head_vocab_major: bool
 
     def __init__(self, config, dtype=None, **kwargs):
         """Checks `config` (a `config_class`) and that its weights fit in memory in `dtype`, before any weight is
@@ -91,13 +93,13 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         position_ids,
         last_logits_only=False,
         compute_logits=True,
-        **head,
+        head_transposed=None,
     ) -> CacheStepOutput:
         """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.models.protocol`).
         attention_mask: `[B, max_length]` over the whole buffer; position_ids int `[B, T]`. Returns
         `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
-        `compute_logits=False` the LM head is skipped and `logits` is None (see `logits_from_hidden`). `head`: what
-        a decoding view hands the model's `_logits`."""
+        `compute_logits=False` the LM head is skipped and `logits` is None (see `logits_from_hidden`).
+        head_transposed: the transposed head copy of a decoding view (see `decoding_view`), None for the stored one."""
         if len(cache) != self.config.num_hidden_layers:
             raise ValueError(f"cache has {len(cache)} layers, the model has {self.config.num_hidden_layers}")
         hidden, cache = self._cached_forward(
@@ -106,13 +108,35 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         )
         if not compute_logits:
             return CacheStepOutput(None, hidden, cache)
-        return CacheStepOutput(self._logits(hidden[:, -1:] if last_logits_only else hidden, **head), hidden, cache)
+        logits = self._logits(hidden[:, -1:] if last_logits_only else hidden, head_transposed)
+        return CacheStepOutput(logits, hidden, cache)
 
-    def logits_from_hidden(self, hidden_states, head_transposed=None) -> tf.Tensor:
+    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
         """float32 logits `[..., vocab]` of final-norm hidden states `[..., D]` (the `hidden_states` of
-        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call. `head_transposed`:
-        the head copy a decoding view made (see `TransposedHeadView`), or None for the stored head."""
-        return self._logits(hidden_states) if head_transposed is None else self._logits(hidden_states, head_transposed)
+        `call_with_cache`): the LM head alone, for rows chosen after a `compute_logits=False` call."""
+        return self._logits(hidden_states)
+
+    def _logits(self, hidden, head_transposed=None) -> tf.Tensor:
+        """float32 logits (whatever the compute dtype: losses and sampling want full precision) of `hidden` `[..., D]`
+        through `lm_head`, or through `head_transposed`, its transposed copy made by a decoding view."""
+        head, vocab_major = self.lm_head, self.lm_head_vocab_major
+        if head_transposed is not None:
+            head, vocab_major = head_transposed, not vocab_major
+        return tf.cast(tf.matmul(hidden, tf.cast(head, hidden.dtype), transpose_b=vocab_major), tf.float32)
+
+    def decoding_view(self, rows):
+        """The model as a decode loop should call it for steps of `rows` rows (an int, or None if unknown).
+
+        XLA's CPU dot reads the two layouts of the LM head at different speeds: one row (a matrix-vector product) is
+        fastest through `[D, vocab]` and several rows (beams, candidates, batches) through `[vocab, D]` on the Llama
+        head, and the other way round through GPT-2's tied `[vocab, D]` embedding (see docs/performance.md). A model
+        stores the layout its one-row steps want; for several rows the view transposes the head once per program
+        run, before the loop, and the steps use the copy: nothing is stored, so it can never go stale. One-row steps
+        get the model itself.
+        """
+        if rows == 1:
+            return self
+        return TransposedHeadView(self, tf.transpose(self.lm_head))
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Keras hook. With a `loss` given to `compile()`, Keras's default. Otherwise the causal-LM loss:
@@ -184,7 +208,7 @@ def select_hf_tensors(
 
 class TransposedHeadView:
     """A model whose LM head uses `head_transposed`, a transposed copy of its stored head made for one program run
-    (see the models' `decoding_view`): every step's `_logits` gets it as `head_transposed`."""
+    (see `KerasCausalLM.decoding_view`): every step's `_logits` gets it as `head_transposed`."""
 
     def __init__(self, model: KerasCausalLM, head_transposed: tf.Tensor):
         self._model, self._head_transposed = model, head_transposed
@@ -199,4 +223,4 @@ class TransposedHeadView:
         return self._model.call_with_cache(*args, head_transposed=self._head_transposed, **kwargs)
 
     def logits_from_hidden(self, hidden_states) -> tf.Tensor:
-        return self._model.logits_from_hidden(hidden_states, self._head_transposed)
+        return self._model._logits(hidden_states, self._head_transposed)

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, TransposedHeadView, select_hf_tensors
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
     WeightFactory,
@@ -97,6 +97,7 @@ class GPT2LMHeadModel(KerasCausalLM):
     """
 
     config_class = GPT2Config
+    lm_head_vocab_major = True  # HF's `[vocab, D]`: the head may be the tied `wte`
 
     def __init__(self, config: GPT2Config, dtype=None, **kwargs):
         super().__init__(config, dtype=dtype, **kwargs)
@@ -129,25 +130,6 @@ class GPT2LMHeadModel(KerasCausalLM):
             new_caches.append(layer_cache)
         hidden = layer_norm(x, *self.ln_f, self.config.layer_norm_epsilon)
         return hidden, None if cache is None else tuple(new_caches)
-
-    def _logits(self, hidden, head_transposed=None):
-        # float32 logits whatever the compute dtype: losses and sampling want full precision.
-        if head_transposed is not None:  # `[D, vocab]`, see `decoding_view`
-            return tf.cast(tf.matmul(hidden, tf.cast(head_transposed, hidden.dtype)), tf.float32)
-        return tf.cast(tf.matmul(hidden, tf.cast(self.lm_head, hidden.dtype), transpose_b=True), tf.float32)
-
-    def decoding_view(self, rows):
-        """The model as a decode loop should call it for steps of `rows` rows (an int, or None if unknown).
-
-        The tied LM head multiplies by the `[vocab, D]` embedding, which XLA's CPU dot reads at about half the
-        bandwidth of a `[D, vocab]` matrix once a step has several rows (beams, candidates, batches; see
-        docs/performance.md). For those the view transposes the head once per program run, before the loop,
-        and the steps use the copy: nothing is stored, so it can never go stale. One-row steps are already
-        fast (a matrix-vector product) and get the model itself.
-        """
-        if rows == 1:
-            return self
-        return TransposedHeadView(self, tf.transpose(self.lm_head))
 
     def _hidden_states(self, input_ids, attention_mask, position_ids, training):
         """Final-norm hidden states `[B, T, D]` of the plain forward (see `KerasCausalLM.call`)."""

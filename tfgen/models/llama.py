@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, TransposedHeadView, select_hf_tensors
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
     apply_rotary,
@@ -196,6 +196,7 @@ class LlamaForCausalLM(KerasCausalLM):
     """
 
     config_class = LlamaConfig
+    lm_head_vocab_major = False  # `[D, vocab]`, like the embedding it may be tied to
 
     def __init__(self, config: LlamaConfig, dtype=None, **kwargs):
         super().__init__(config, dtype=dtype, **kwargs)
@@ -252,25 +253,6 @@ class LlamaForCausalLM(KerasCausalLM):
             return None, new
         earlier = tf.cast(key_mask, tf.bool) & (tf.range(tf.shape(key_mask)[1]) < cache_index)
         return attention_allowed(query_index, earlier, window), new
-
-    def _logits(self, hidden, head_transposed=None):
-        # float32 logits whatever the compute dtype: losses and sampling want full precision.
-        if head_transposed is not None:  # `[vocab, D]`, see `decoding_view`
-            return tf.cast(tf.matmul(hidden, tf.cast(head_transposed, hidden.dtype), transpose_b=True), tf.float32)
-        return tf.cast(tf.matmul(hidden, tf.cast(self.lm_head, hidden.dtype)), tf.float32)
-
-    def decoding_view(self, rows):
-        """The model as a decode loop should call it for steps of `rows` rows (an int, or None if unknown).
-
-        The head is stored `[D, vocab]`, which is fastest for one row (a matrix-vector product), but once a step has
-        several rows XLA's CPU dot multiplies by the `[vocab, D]` layout markedly faster (measured on the SmolLM2-135M
-        shape at batch 16: the head alone 14.5 instead of 24.6 ms, the whole greedy step 19% faster). For those the
-        view transposes the head once per program run, before the loop, and the steps use the copy: nothing is
-        stored, so it can never go stale. One-row steps get the model itself (the copy made batch 1 slower).
-        """
-        if rows == 1:
-            return self
-        return TransposedHeadView(self, tf.transpose(self.lm_head))
 
     def _hidden_states(self, input_ids, attention_mask, position_ids, training):
         """Final-norm hidden states `[B, T, D]` of the plain forward (see `KerasCausalLM.call`)."""

@@ -54,7 +54,9 @@ _FAMILY_DEFAULTS = {
     "qwen3": {**_QWEN_DEFAULTS, "head_dim": 128},
 }
 # HF options none of these families implements in tfgen; refused unless at their no-op default.
-_UNSUPPORTED = {"quantization_config": None, "partial_rotary_factor": 1.0}
+# `rope_parameters` is transformers v5's home for rope_theta/rope_scaling: dropping it would silently decode with
+# the default RoPE, so it is refused unless empty.
+_UNSUPPORTED = {"quantization_config": None, "partial_rotary_factor": 1.0, "rope_parameters": None}
 
 
 @dataclasses.dataclass
