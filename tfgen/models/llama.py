@@ -7,8 +7,7 @@ HF checkpoint is loaded, split again by `hf_state_dict`), and the token embeddin
 1 is then a handful of matrix-vector products per layer; steps of several rows use a `[vocab, D]` copy of the head
 made once per run (`decoding_view`), which XLA's CPU dot multiplies faster for them.
 
-Attention is grouped-query without repeating keys/values: the queries of the `groups` heads that share a key/value
-head are stacked as rows `[B, kv_heads, groups * T, head_dim]` against that head's `[B, kv_heads, S, head_dim]` cache.
+Attention is grouped-query without repeating keys/values (`tfgen.models.attention`).
 The config, checked field by field before any layer is built, lives in `tfgen.models.llama_config` (re-exported).
 """
 
@@ -23,17 +22,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfgen.models.attention import attention_masks, grouped_attention
 from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
-from tfgen.models.layers import (
-    ACTIVATIONS,
-    apply_rotary,
-    attention_allowed,
-    dense,
-    dropout,
-    rms_norm,
-    rotary_cos_sin,
-    write_slots,
-)
+from tfgen.models.layers import ACTIVATIONS, apply_rotary, dense, rms_norm, rotary_cos_sin
 from tfgen.models.llama_config import LlamaConfig
 
 __all__ = ["CausalLMOutput", "LlamaConfig", "LlamaDecoderLayer", "LlamaForCausalLM"]
@@ -119,68 +110,28 @@ class LlamaDecoderLayer(keras.layers.Layer):
         self.built = True
 
     def forward(self, x, cos, sin, allowed, layer_cache, cache_index, training, seed_generator):
-        """x `[B, T, D]`; cos/sin `[B, T, head_dim // 2]`. Without a cache the keys are this call's own and `allowed`
-        is bool `[B, 1, T, T]`. With `layer_cache` = (keys, values) `[B, kv_heads, L, head_dim]`, `allowed` is a pair:
-        bool `[B, 1, T, L]` over the cache as it was (slots before `cache_index`; None: none) and `[B, 1, T, T]` over
-        the new tokens, which are written at slots `[cache_index, cache_index + T)`. Returns (x `[B, T, D]`, updated
-        layer_cache or None)."""
+        """x `[B, T, D]`; cos/sin `[B, T, head_dim // 2]`; `allowed` and `layer_cache` (keys, values
+        `[B, kv_heads, L, head_dim]`, or None without a cache) as `tfgen.models.attention.grouped_attention` takes
+        them. Returns (x `[B, T, D]`, updated layer_cache or None)."""
         config = self.config
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        groups, length = config.num_key_value_groups, tf.shape(x)[1]
+        length = tf.shape(x)[1]
         qkv = dense(rms_norm(x, self.input_norm, config.rms_norm_eps), *self.qkv)
         query, key, value = tf.split(qkv, [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], axis=-1)
         query = tf.reshape(query, [-1, length, heads, head_dim])
         key = tf.reshape(key, [-1, length, kv_heads, head_dim])
+        value = tf.reshape(value, [-1, length, kv_heads, head_dim])
         if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
             query = rms_norm(query, self.q_norm, config.rms_norm_eps)
             key = rms_norm(key, self.k_norm, config.rms_norm_eps)
         query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        key = tf.transpose(key, [0, 2, 1, 3])  # [B, kv_heads, T, head_dim]
-        value = tf.transpose(tf.reshape(value, [-1, length, kv_heads, head_dim]), [0, 2, 1, 3])
-        # HF's head h uses key/value head h // groups: rows [g * T + t] of key/value head k are query head
-        # k * groups + g at token t.
-        query = tf.reshape(query * tf.cast(self.query_scale, query.dtype), [-1, length, kv_heads, groups, head_dim])
-        query = tf.reshape(tf.transpose(query, [0, 2, 3, 1, 4]), [-1, kv_heads, groups * length, head_dim])
-        if layer_cache is None:
-            attended = self._attend(query, [(key, value, allowed)], training, seed_generator)
-        else:
-            # The new tokens are attended from this call's keys and the earlier ones from the cache as it came in;
-            # the cache is only written for the next call. Attending over the freshly written cache instead makes
-            # XLA duplicate the slot write into a second fusion feeding the attention, which rewrites the whole
-            # cache at every step (measured: 158 instead of 44 ms per step at 2k slots on a 135M model).
-            (old_allowed, new_allowed), (old_keys, old_values) = allowed, layer_cache
-            blocks = [(key, value, new_allowed)]
-            if old_allowed is not None:
-                blocks.insert(0, (old_keys, old_values, old_allowed))
-            attended = self._attend(query, blocks, training, seed_generator)
-            layer_cache = (write_slots(old_keys, key, cache_index), write_slots(old_values, value, cache_index))
-        attended = tf.transpose(tf.reshape(attended, [-1, kv_heads, groups, length, head_dim]), [0, 3, 1, 2, 4])
+        attended, layer_cache = grouped_attention(
+            query * tf.cast(self.query_scale, query.dtype), key, value, allowed, layer_cache, cache_index,
+            dropout_rate=config.attention_dropout, training=training, seed_generator=seed_generator,
+        )
         x = x + dense(tf.reshape(attended, [-1, length, heads * head_dim]), *self.o_proj)
         gate, up = tf.split(dense(rms_norm(x, self.post_norm, config.rms_norm_eps), *self.gate_up), 2, axis=-1)
         return x + dense(self.activation(gate) * up, *self.down), layer_cache
-
-    def _attend(self, query, blocks, training, seed_generator):
-        """Softmax attention of grouped queries `[B, kv_heads, groups * T, head_dim]` (already scaled) over the slots
-        of every block (keys, values `[B, kv_heads, S_i, head_dim]`, allowed bool `[B, 1, T, S_i]`) together.
-        Returns `[B, kv_heads, groups * T, head_dim]`."""
-        config = self.config
-        kv_heads, groups = config.num_key_value_heads, config.num_key_value_groups
-        length = tf.shape(blocks[0][2])[2]
-        scores, sizes = [], []
-        for keys, _, allowed in blocks:
-            block = tf.matmul(query, tf.cast(keys, query.dtype), transpose_b=True)  # [B, kv_heads, groups * T, S_i]
-            sizes.append(tf.shape(block)[-1])
-            block = tf.reshape(block, [-1, kv_heads, groups, length, sizes[-1]])
-            # A finite floor instead of -inf: a fully masked (padding) row then softmaxes to uniform weights over
-            # finite values instead of NaN, which would leak into later tokens through the cache.
-            scores.append(tf.where(allowed[:, :, tf.newaxis], block, tf.constant(block.dtype.min, block.dtype)))
-        scores = scores[0] if len(scores) == 1 else tf.concat(scores, axis=-1)
-        probabilities = tf.cast(tf.nn.softmax(tf.cast(scores, tf.float32)), query.dtype)
-        probabilities = dropout(probabilities, config.attention_dropout, training, seed_generator)
-        probabilities = tf.reshape(probabilities, [-1, kv_heads, groups * length, tf.shape(probabilities)[-1]])
-        parts = [probabilities] if len(blocks) == 1 else tf.split(probabilities, tf.stack(sizes), axis=-1)
-        attended = [tf.matmul(part, tf.cast(values, query.dtype)) for part, (_, values, _) in zip(parts, blocks)]
-        return tf.add_n(attended)
 
 
 class LlamaForCausalLM(KerasCausalLM):
@@ -227,7 +178,7 @@ class LlamaForCausalLM(KerasCausalLM):
         x = tf.transpose(tf.gather(self.embed_tokens, input_ids, axis=1), [1, 2, 0])
         x = tf.cast(x, self.compute_dtype)
         cos, sin = rotary_cos_sin(position_ids, self.rope.inverse_frequencies, self.rope.attention_scaling, x.dtype)
-        masks = {window: self._masks(query_index, key_mask, window, cache_index)
+        masks = {window: attention_masks(query_index, key_mask, window, cache_index)
                  for window in set(self.config.layer_windows)}
         layer_caches = [None] * len(self.decoder_layers) if cache is None else cache
         new_caches = []
@@ -238,21 +189,6 @@ class LlamaForCausalLM(KerasCausalLM):
             new_caches.append(layer_cache)
         hidden = rms_norm(x, self.norm, self.config.rms_norm_eps)
         return hidden, None if cache is None else tuple(new_caches)
-
-    @staticmethod
-    def _masks(query_index, key_mask, window, cache_index):
-        """What a layer with sliding `window` (or None) may attend: bool `[B, 1, T, S]` over its own keys without a
-        cache (`cache_index` None); with one, (`[B, 1, T, L]` over the cache's earlier slots, or None when
-        `cache_index` is a constant 0; `[B, 1, T, T]` over the new tokens at slots `query_index`)."""
-        if cache_index is None:
-            return attention_allowed(query_index, key_mask, window)
-        new = attention_allowed(query_index, tf.gather(key_mask, query_index, axis=1), window, key_index=query_index)
-        if tf.get_static_value(cache_index) == 0:
-            # A prefill: no earlier slots. Leaving them out also keeps XLA from folding an all-false [T, L] mask
-            # into constants, which took it minutes to compile a 2k-token prefill.
-            return None, new
-        earlier = tf.cast(key_mask, tf.bool) & (tf.range(tf.shape(key_mask)[1]) < cache_index)
-        return attention_allowed(query_index, earlier, window), new
 
     def _hidden_states(self, input_ids, attention_mask, position_ids, training):
         """Final-norm hidden states `[B, T, D]` of the plain forward (see `KerasCausalLM.call`)."""
