@@ -38,6 +38,7 @@ _EXPORTS = {
     "Tokenizer": "tfgen.tokenizer",
     "batch_generate": "tfgen.batch",
     "export_saved_model": "tfgen.export",
+    "from_keras_hub": "tfgen.keras_hub",
     "pull": "tfgen.model_pull",
 }
 

@@ -155,7 +155,7 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of one string (special tokens per the tokenizer's post-processor when `add_special_tokens`)."""
-        _check_text(text, "text")
+        check_text(text, "text")
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def __call__(
@@ -187,7 +187,7 @@ class Tokenizer:
         if not isinstance(texts, (list, tuple)) or not texts:
             raise TypeError(f"text must be a string or a non-empty list of strings, got {type(text).__name__}")
         for item in texts:
-            _check_text(item, "text")
+            check_text(item, "text")
         if return_tensors not in _RETURN_TENSORS:
             raise ValueError(f"return_tensors must be 'np', 'tf' or None, got {return_tensors!r}")
         if not (padding is True or padding is False or padding in ("longest", "max_length")):
@@ -240,13 +240,13 @@ class Tokenizer:
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         """Text of `ids` (an int, a list, or a 1-D numpy array / tensor of ints), without clean-up of spaces."""
-        return self._tokenizer.decode(_as_id_list(ids, "ids"), skip_special_tokens=skip_special_tokens)
+        return self._tokenizer.decode(as_id_list(ids, "ids"), skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, batch: Any, skip_special_tokens: bool = False) -> list[str]:
         """Texts of each row of `batch` (a list of id lists, or a 2-D numpy array / tensor `[B, T]`)."""
         if getattr(batch, "ndim", 2) != 2:
             raise ValueError(f"batch must be 2-D [batch, length], got shape {tuple(batch.shape)}")
-        rows = [_as_id_list(row, "batch row") for row in batch]
+        rows = [as_id_list(row, "batch row") for row in batch]
         return self._tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
@@ -352,7 +352,7 @@ class IncrementalDecoder:
 
     def push(self, token_ids: Any) -> str:
         """Adds ids (an int, a list, or a 1-D array / tensor) and returns the newly completed text ("" if none)."""
-        self._window.extend(_as_id_list(token_ids, "token_ids"))
+        self._window.extend(as_id_list(token_ids, "token_ids"))
         context_text, window_text = self._window_texts()
         if len(window_text) <= len(context_text) or window_text.endswith("\ufffd"):
             return ""
@@ -380,7 +380,7 @@ def _prepared_backend(backend: tokenizers.Tokenizer, special_tokens: Iterable[st
     return backend
 
 
-def _check_text(text: Any, name: str) -> None:
+def check_text(text: Any, name: str) -> None:
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a string, got {type(text).__name__}")
 
@@ -390,7 +390,7 @@ def _check_positive_int(value: Any, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _as_id_list(ids: Any, name: str) -> list[int]:
+def as_id_list(ids: Any, name: str) -> list[int]:
     """Python ints of a scalar or 1-D id container (list, tuple, numpy array, eager tensor)."""
     array = np.asarray(ids)
     if array.size == 0:

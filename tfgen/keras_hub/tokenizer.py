@@ -1,0 +1,97 @@
+"""`KerasHubTokenizer`: a keras-hub preprocessor's tokenizer behind `tfgen.Tokenizer`'s interface (left padding,
+truncation, decoding, stop strings, streaming), so text goes in and out as keras-hub's own `generate()` handles it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfgen.tokenizer import Tokenizer, as_id_list, check_text
+
+
+class KerasHubTokenizer(Tokenizer):
+    """Tokenizes with `preprocessor.tokenizer` (a keras-hub BytePair or SentencePiece tokenizer, TF ops): the ids of
+    keras-hub's `generate()`, which adds the start token when the preprocessor's `add_start_token` is set (as
+    `add_special_tokens=True` does here) and never the end token.
+
+    `stop_token_ids` are the ids keras-hub's `generate(stop_token_ids="auto")` stops at; `pad_token_id` is the
+    tokenizer's. `layer` is the keras-hub tokenizer itself (the exported `generate_text` signature runs it in the
+    graph). There is no chat template (keras-hub keeps none); `apply_chat_template(chat_template=...)` takes one.
+    """
+
+    def __init__(self, preprocessor, padding_side: str = "left"):
+        # Not Tokenizer.__init__: that one wraps a `tokenizers.Tokenizer`.
+        self.layer = preprocessor.tokenizer
+        self._add_start_token = bool(getattr(preprocessor, "add_start_token", False))
+        layer = self.layer
+        self._ids = {
+            "bos": getattr(layer, "start_token_id", None),
+            "eos": getattr(layer, "end_token_id", None),
+            "pad": getattr(layer, "pad_token_id", None),
+        }
+        self._special_tokens = {
+            name: None if token_id is None else str(layer.id_to_token(token_id)) for name, token_id in self._ids.items()
+        }
+        self.stop_token_ids = [i for i in (self._ids["eos"], getattr(layer, "end_token2_id", None)) if i is not None]
+        self._special_ids = np.array(sorted(set(getattr(layer, "special_token_ids", []) or [])), np.int64)
+        self.padding_side = padding_side
+        self.chat_template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.layer.vocabulary_size())
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """The tokenizer's pad id, else the end token's."""
+        return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
+
+    def _token_id(self, content: str | None) -> int | None:
+        return None if content is None else int(self.layer.token_to_id(content))
+
+    def _start(self, add_special_tokens: bool) -> list[int]:
+        return [self._ids["bos"]] if add_special_tokens and self._add_start_token and self._ids["bos"] is not None \
+            else []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of one string, with the start token when `add_special_tokens` and the preprocessor adds it."""
+        check_text(text, "text")
+        return self._encode_batch([text], add_special_tokens, None)[0]
+
+    def _encode_batch(self, texts: Sequence[str], add_special_tokens: bool, max_length: int | None) -> list[list[int]]:
+        start = self._start(add_special_tokens)
+        rows = [list(map(int, row)) for row in self.layer.tokenize(tf.constant(list(texts))).to_list()]
+        if max_length is not None:
+            if max_length < len(start):
+                raise ValueError(f"max_length={max_length} leaves no room for the {len(start)} special tokens")
+            keep = max_length - len(start)
+            rows = [(row[len(row) - keep:] if keep else []) if self._padding_side == "left" else row[:keep]
+                    for row in rows]
+        return [start + row for row in rows]
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """Text of `ids` (an int, a list, or a 1-D array / tensor of ints)."""
+        return self.batch_decode([as_id_list(ids, "ids")], skip_special_tokens)[0]
+
+    def batch_decode(self, batch: Any, skip_special_tokens: bool = False) -> list[str]:
+        """Texts of each row of `batch` (a list of id lists, or a 2-D array / tensor `[B, T]`); bytes that do not
+        form UTF-8 (a character cut between tokens) become U+FFFD."""
+        if getattr(batch, "ndim", 2) != 2:
+            raise ValueError(f"batch must be 2-D [batch, length], got shape {tuple(batch.shape)}")
+        rows = [as_id_list(row, "batch row") for row in batch]
+        if skip_special_tokens and self._special_ids.size:
+            rows = [[i for i in row if i not in self._special_ids] for row in rows]
+        if not rows:
+            return []
+        texts = self.layer.detokenize(tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1))
+        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
+        return [text.decode("utf-8") for text in texts.numpy().tolist()]
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        raise NotImplementedError(
+            "a keras-hub tokenizer is saved with its model (causal_lm.save_to_preset); it has no tokenizer.json"
+        )
