@@ -147,27 +147,39 @@ class KerasHubRunner(Runner):
 
     def _model(self, strategy):
         if strategy not in self.models:
-            samplers = self.keras_hub.samplers
-            sampler = {
-                "greedy": lambda: samplers.GreedySampler(),
-                "sample": lambda: samplers.TopPSampler(p=0.9, k=50, seed=0),
-                "beam": lambda: samplers.BeamSampler(num_beams=4),
-                "contrastive": lambda: samplers.ContrastiveSampler(k=4, alpha=0.6),
-            }[strategy]()
             model = self.keras_hub.models.GPT2CausalLM(backbone=self.backbone, preprocessor=None)
-            model.compile(sampler=sampler)
+            model.compile(sampler=keras_hub_sampler(strategy))
             self.models[strategy] = model
         return self.models[strategy]
 
     def generate(self, strategy, input_ids):
-        batch, prompt_len = input_ids.shape
-        # keras-hub generates into the unmasked slots of a fixed-length buffer.
-        token_ids = np.zeros((batch, prompt_len + self.new_tokens), np.int32)
-        token_ids[:, :prompt_len] = input_ids
-        padding_mask = np.zeros(token_ids.shape, bool)
-        padding_mask[:, :prompt_len] = True
-        out = self._model(strategy).generate({"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None)
-        return np.asarray(out["token_ids"])[:, prompt_len:]
+        return keras_hub_generate(self._model(strategy), input_ids, self.new_tokens)
+
+
+def keras_hub_sampler(strategy: str):
+    """The keras-hub sampler that decodes like `BENCH_REQUESTS[strategy]`."""
+    import keras_hub
+
+    samplers = keras_hub.samplers
+    return {
+        "greedy": lambda: samplers.GreedySampler(),
+        "sample": lambda: samplers.TopPSampler(p=0.9, k=50, seed=0),
+        "beam": lambda: samplers.BeamSampler(num_beams=4),
+        "contrastive": lambda: samplers.ContrastiveSampler(k=4, alpha=0.6),
+    }[strategy]()
+
+
+def keras_hub_generate(causal_lm, input_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    """`causal_lm.generate()` (with the sampler it was compiled with) of int `[B, P]` prompts, no stop token:
+    the `new_tokens` generated tokens, int `[B, new_tokens]`."""
+    batch, prompt_len = input_ids.shape
+    # keras-hub generates into the unmasked slots of a fixed-length buffer, prompts at the start (right-padded).
+    token_ids = np.zeros((batch, prompt_len + new_tokens), np.int32)
+    token_ids[:, :prompt_len] = input_ids
+    padding_mask = np.zeros(token_ids.shape, bool)
+    padding_mask[:, :prompt_len] = True
+    out = causal_lm.generate({"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None)
+    return np.asarray(out["token_ids"])[:, prompt_len:]
 
 
 class HfTorchRunner(Runner):

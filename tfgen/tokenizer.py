@@ -19,6 +19,7 @@ import tokenizers
 
 from tfgen import chat_template as chat_templates
 from tfgen.gguf import is_gguf_path, refuse_hub_options
+from tfgen.keras_hub.presets import is_keras_hub_preset
 from tfgen.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
 from tfgen.value_types import is_integer
 
@@ -97,6 +98,11 @@ class Tokenizer:
             from tfgen.gguf.tokenizer import load_gguf_tokenizer  # lazy: imports gguf
 
             return load_gguf_tokenizer(path_or_repo_id, padding_side=padding_side)
+        if is_keras_hub_preset(path_or_repo_id):
+            refuse_hub_options(path_or_repo_id, "keras-hub preset", revision=revision, cache_dir=cache_dir, token=token)
+            from tfgen.keras_hub.presets import load_preset_tokenizer  # lazy: imports keras-hub
+
+            return load_preset_tokenizer(path_or_repo_id, padding_side=padding_side)
         directory = resolve_checkpoint_directory(
             os.fspath(path_or_repo_id), revision, cache_dir, token, local_files_only
         )

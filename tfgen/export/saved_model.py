@@ -32,7 +32,7 @@ from tfgen.export.signatures import (
     SignatureSpec,
 )
 from tfgen.export.request_checks import request_checks
-from tfgen.export.text_graph import InGraphTokenizer
+from tfgen.export.text_graph import in_graph_tokenizer
 from tfgen.knobs import KNOBS, declared
 from tfgen.random import derive_seeds, philox4x32
 from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
@@ -275,7 +275,7 @@ class _Exporter:
         self.module = tf.Module()
         self.module.model_variables = _model_variables(model)
         self.tokenizer = tokenizer
-        self.text = InGraphTokenizer(tokenizer, self.vocab_size) if text_signature else None
+        self.text = in_graph_tokenizer(tokenizer, self.vocab_size) if text_signature else None
         self.module.text_tokenizer = None if self.text is None else self.text.layer
         self._decoders = {}
 

@@ -10,6 +10,13 @@ import numpy as np
 import tensorflow as tf
 
 
+def in_graph_tokenizer(tokenizer, vocab_size: int):
+    """The in-graph form of `tokenizer`: its own (a keras-hub tokenizer's, `tokenizer.in_graph`) when it has one,
+    else an `InGraphTokenizer`."""
+    own = getattr(tokenizer, "in_graph", None)
+    return own(vocab_size) if own is not None else InGraphTokenizer(tokenizer, vocab_size)
+
+
 class InGraphTokenizer:
     """A byte-level BPE `tfgen.Tokenizer` as TF ops (keras-hub's BytePairTokenizer, TF Text's regex split)."""
 
@@ -54,9 +61,13 @@ class InGraphTokenizer:
         self.special_ids = np.array([token["id"] for token in special] or [-1], np.int32)
         self.pad_token_id = tokenizer.pad_token_id or 0
 
+    def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
+        """int32 ids `[B, (T)]` of string `[B]` text, special tokens included."""
+        return self.layer.tokenize(text)
+
     def encode(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Left-padded int32 `[B, T]` ids and mask for string `[B]` text."""
-        ragged = self.layer.tokenize(text)
+        ragged = tf.cast(self.tokenize(text), tf.int32)
         lengths = tf.cast(ragged.row_lengths(), tf.int32)
         width = tf.maximum(tf.reduce_max(lengths), 1)
         right_padded = ragged.to_tensor(default_value=self.pad_token_id)

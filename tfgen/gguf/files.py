@@ -28,15 +28,16 @@ def is_gguf_path(path: Any) -> bool:
         return False
 
 
-def refuse_hub_options(path: str | os.PathLike, **options: Any) -> None:
+def refuse_hub_options(path: str | os.PathLike, kind: str = "GGUF file", **options: Any) -> None:
     """ValueError naming the Hugging Face Hub options (`revision`, `cache_dir`, `token`, ...) given a value other than
-    None with the GGUF path `path`: they pick and fetch a Hub snapshot, and a GGUF file is read from its local path,
-    so none of them could act. (`local_files_only` is no such option: a GGUF file never touches the network.)"""
+    None with the local `path` (a `kind`: a GGUF file, a keras-hub preset): they pick and fetch a Hub snapshot, and
+    `path` is read where it is, so none of them could act. (`local_files_only` is no such option: such a path never
+    touches the network.)"""
     given = [name for name, value in options.items() if value is not None]
     if given:
         raise ValueError(
             f"{', '.join(given)} {'is a Hub option' if len(given) == 1 else 'are Hub options'} and cannot apply to "
-            f"the GGUF file {os.fspath(path)!r}, which is read from its local path (download it first, e.g. with "
+            f"the {kind} {os.fspath(path)!r}, which is read from its local path (download it first, e.g. with "
             f"huggingface_hub.hf_hub_download)"
         )
 

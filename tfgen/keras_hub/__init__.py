@@ -1,6 +1,18 @@
-"""keras-hub models generating through tfgen: `from_keras_hub(causal_lm)` (see docs/keras-hub.md)."""
+"""keras-hub models generating through tfgen: `from_keras_hub(causal_lm)` (see docs/keras-hub.md).
 
-from tfgen.keras_hub.adapter import KerasHubCausalLM, KerasHubConfig, from_keras_hub, supported_backbones
-from tfgen.keras_hub.tokenizer import KerasHubTokenizer
+The names below load on first use: `tfgen.keras_hub.presets` (preset detection) stays free of TensorFlow."""
 
-__all__ = ["KerasHubCausalLM", "KerasHubConfig", "KerasHubTokenizer", "from_keras_hub", "supported_backbones"]
+from __future__ import annotations
+
+from tfgen.lazy import lazy_exports
+
+_EXPORTS = {
+    "KerasHubCausalLM": "tfgen.keras_hub.adapter",
+    "KerasHubConfig": "tfgen.keras_hub.adapter",
+    "KerasHubTokenizer": "tfgen.keras_hub.tokenizer",
+    "from_keras_hub": "tfgen.keras_hub.adapter",
+    "supported_backbones": "tfgen.keras_hub.adapter",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfgen.export.text_graph import InGraphTokenizer
 from tfgen.tokenizer import Tokenizer, as_id_list, check_text
 
 
@@ -37,7 +38,7 @@ class KerasHubTokenizer(Tokenizer):
             name: None if token_id is None else str(layer.id_to_token(token_id)) for name, token_id in self._ids.items()
         }
         self.stop_token_ids = [i for i in (self._ids["eos"], getattr(layer, "end_token2_id", None)) if i is not None]
-        self._special_ids = np.array(sorted(set(getattr(layer, "special_token_ids", []) or [])), np.int64)
+        self.special_ids = np.array(sorted(set(getattr(layer, "special_token_ids", []) or [])), np.int64)
         self.padding_side = padding_side
         self.chat_template = None
 
@@ -53,7 +54,8 @@ class KerasHubTokenizer(Tokenizer):
     def _token_id(self, content: str | None) -> int | None:
         return None if content is None else int(self.layer.token_to_id(content))
 
-    def _start(self, add_special_tokens: bool) -> list[int]:
+    def start_ids(self, add_special_tokens: bool) -> list[int]:
+        """The ids put before a text's own: the start token when `add_special_tokens` and the preprocessor adds it."""
         return [self._ids["bos"]] if add_special_tokens and self._add_start_token and self._ids["bos"] is not None \
             else []
 
@@ -63,8 +65,11 @@ class KerasHubTokenizer(Tokenizer):
         return self._encode_batch([text], add_special_tokens, None)[0]
 
     def _encode_batch(self, texts: Sequence[str], add_special_tokens: bool, max_length: int | None) -> list[list[int]]:
-        start = self._start(add_special_tokens)
-        rows = [list(map(int, row)) for row in self.layer.tokenize(tf.constant(list(texts))).to_list()]
+        start = self.start_ids(add_special_tokens)
+        tokenized = self.layer.tokenize(list(texts))
+        # A RaggedTensor (TF workflow) or nested lists / arrays (keras-hub's Python workflow).
+        tokenized = tokenized.to_list() if hasattr(tokenized, "to_list") else tokenized
+        rows = [[int(i) for i in np.asarray(row).reshape(-1)] for row in tokenized]
         if max_length is not None:
             if max_length < len(start):
                 raise ValueError(f"max_length={max_length} leaves no room for the {len(start)} special tokens")
@@ -83,15 +88,38 @@ class KerasHubTokenizer(Tokenizer):
         if getattr(batch, "ndim", 2) != 2:
             raise ValueError(f"batch must be 2-D [batch, length], got shape {tuple(batch.shape)}")
         rows = [as_id_list(row, "batch row") for row in batch]
-        if skip_special_tokens and self._special_ids.size:
-            rows = [[i for i in row if i not in self._special_ids] for row in rows]
+        if skip_special_tokens and self.special_ids.size:
+            rows = [[i for i in row if i not in self.special_ids] for row in rows]
         if not rows:
             return []
         texts = self.layer.detokenize(tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1))
         texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
         return [text.decode("utf-8") for text in texts.numpy().tolist()]
 
+    def in_graph(self, vocab_size: int) -> KerasHubInGraphTokenizer:
+        """The exported `generate_text` signature's tokenizer: this one's keras-hub layer, run in the graph."""
+        return KerasHubInGraphTokenizer(self, vocab_size)
+
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         raise NotImplementedError(
             "a keras-hub tokenizer is saved with its model (causal_lm.save_to_preset); it has no tokenizer.json"
         )
+
+
+class KerasHubInGraphTokenizer(InGraphTokenizer):
+    """A `KerasHubTokenizer` as TF ops for the `generate_text` signature: its keras-hub layer (TF Text ops, which
+    stock TF Serving links in), with the start token the preprocessor adds."""
+
+    def __init__(self, tokenizer: KerasHubTokenizer, vocab_size: int):
+        # Not InGraphTokenizer.__init__: that one builds a BytePairTokenizer from a tokenizer.json.
+        if tokenizer.vocab_size > vocab_size:
+            raise ValueError(f"tokenizer: it has {tokenizer.vocab_size} ids, the model {vocab_size}")
+        self.layer = tokenizer.layer
+        self.start_ids = tf.constant(tokenizer.start_ids(True), tf.int32)
+        self.special_ids = np.array(tokenizer.special_ids.tolist() or [-1], np.int32)
+        self.pad_token_id = tokenizer.pad_token_id or 0
+
+    def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
+        ragged = tf.cast(self.layer.tokenize(text), tf.int32)
+        start = tf.RaggedTensor.from_tensor(tf.tile(self.start_ids[tf.newaxis], [tf.shape(text)[0], 1]))
+        return tf.concat([start, ragged], axis=1)

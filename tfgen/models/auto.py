@@ -15,6 +15,7 @@ from tfgen.gguf import is_gguf_path, refuse_hub_options
 from tfgen.gguf.config import hf_config_dict
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tensors import read_hf_tensors
+from tfgen.keras_hub.presets import is_keras_hub_preset
 from tfgen.models.gpt2 import GPT2LMHeadModel
 from tfgen.models.llama import LlamaForCausalLM
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
@@ -91,7 +92,8 @@ class AutoModelForCausalLM:
         local_files_only: bool | None = None,
     ):
         """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights, or from a
-        GGUF file (llama.cpp's format: a path ending in `.gguf`; see `tfgen.gguf`), in `dtype` (a Keras dtype or
+        GGUF file (llama.cpp's format: a path ending in `.gguf`; see `tfgen.gguf`), or from a keras-hub preset directory
+        (`causal_lm.save_to_preset`: the model comes back wrapped by `tfgen.from_keras_hub`), in `dtype` (a Keras dtype or
         policy name; default the Keras float type), with `generation_config` set. Raises `OSError` for unresolvable
         ids and missing or malformed files, `ValueError` / `TypeError` naming `config.json` (or the GGUF file) for
         unsupported architectures, invalid config values or weights that cannot fit in the memory available
@@ -106,6 +108,11 @@ class AutoModelForCausalLM:
             config_dict = hf_config_dict(gguf_file)
             return _build_pretrained(config_dict, dtype, policy, Path(gguf_file.path), None,
                                      lambda: read_hf_tensors(gguf_file, config_dict))
+        if is_keras_hub_preset(path_or_repo_id):
+            refuse_hub_options(path_or_repo_id, "keras-hub preset", revision=revision, cache_dir=cache_dir, token=token)
+            from tfgen.keras_hub.presets import load_preset_model  # lazy: imports keras-hub
+
+            return load_preset_model(path_or_repo_id, dtype=dtype)
         directory = resolve_model_directory(
             path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
         )
