@@ -32,14 +32,3 @@ def keras_hub_greedy(causal_lm, prompt: np.ndarray, new_tokens: int) -> np.ndarr
     padding_mask[:, : prompt.shape[1]] = True
     out = causal_lm.generate({"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None)
     return np.asarray(out["token_ids"])
-
-
-def left_padded(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded int32 ids and mask `[len(rows), longest]`."""
-    width = max(len(row) for row in rows)
-    ids = np.full((len(rows), width), pad_id, np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for index, row in enumerate(rows):
-        ids[index, width - len(row):] = row
-        mask[index, width - len(row):] = 1
-    return ids, mask

@@ -10,7 +10,7 @@ import pytest
 keras_hub = pytest.importorskip("keras_hub")
 
 import tfgen  # noqa: E402
-from tests.keras_hub_models import randomize  # noqa: E402
+from keras_hub_models import randomize  # noqa: E402
 from tfgen.keras_hub import KerasHubCausalLM, KerasHubTokenizer  # noqa: E402
 
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -86,7 +86,7 @@ def test_tfgen_generate_cli_runs_a_preset(preset, loaded, capsys):
 
 
 def test_exported_model_answers_rest_predict_like_generate(loaded, tmp_path):
-    from tests.test_serve import as_columns, as_instances, call
+    from test_serve import as_columns, as_instances, call
     from tfgen.serving import ModelServer, load_export, start_in_thread
 
     model, tokenizer = loaded
@@ -121,3 +121,27 @@ def test_exported_model_answers_rest_predict_like_generate(loaded, tmp_path):
         assert predicted["sequences"][row][width:width + stop] == generated[:stop]
         assert predicted["sequence_lengths"][row] == width + stop
         assert text_answer["predictions"][row] == tokenizer.decode(generated[:stop], skip_special_tokens=True)
+
+
+def test_tfgen_batch_runs_a_preset(preset, loaded, tmp_path):
+    import json
+
+    from tfgen.cli import main as cli_main
+
+    directory, _ = preset
+    model, tokenizer = loaded
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"id": str(i), "prompt": text}) + "\n" for i, text in enumerate(TEXTS)))
+    output = tmp_path / "out.jsonl"
+    assert cli_main(["batch", "--model", str(directory), "--input", str(rows), "--output", str(output),
+                     "--max-new-tokens", str(NEW_TOKENS), "--greedy", "--no-progress"]) == 0
+    results = {row["id"]: row for row in map(json.loads, output.read_text().splitlines())}
+    for index, text in enumerate(TEXTS):
+        encoded = tokenizer(text)
+        width = encoded["input_ids"].shape[1]
+        expected = np.asarray(model.generate(encoded["input_ids"], attention_mask=encoded["attention_mask"],
+                                             max_new_tokens=NEW_TOKENS, do_sample=False))[0, width:]
+        eos = model.generation_config.eos_token_id
+        stop = next((i + 1 for i, token in enumerate(expected) if token in eos), len(expected))
+        assert results[str(index)]["token_ids"] == expected[:stop].tolist()
+        assert results[str(index)]["text"] == tokenizer.decode(expected[:stop], skip_special_tokens=True)

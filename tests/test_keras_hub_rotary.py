@@ -10,7 +10,8 @@ import pytest
 keras_hub = pytest.importorskip("keras_hub")
 
 import tfgen  # noqa: E402
-from tests.keras_hub_models import keras_hub_greedy, left_padded, randomize  # noqa: E402
+from conftest import left_padded_batch  # noqa: E402
+from keras_hub_models import keras_hub_greedy, randomize  # noqa: E402
 
 SMALL = dict(vocabulary_size=96, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=32,
              intermediate_dim=48)
@@ -65,7 +66,7 @@ def test_greedy_matches_keras_hubs_own_generate(family_model):
 
 def test_left_padding_and_batching_change_no_row(family_model):
     _, _, model = family_model
-    ids, mask = left_padded([PROMPT, OTHER])
+    ids, mask = left_padded_batch([PROMPT, OTHER])
     options = dict(max_new_tokens=NEW_TOKENS, pad_token_id=0)
     row_seeds = np.array([[1, 2], [3, 4]], np.int32)
     greedy = np.asarray(model.generate(ids, attention_mask=mask, **options))

@@ -85,7 +85,7 @@ class GPT2DecoderStyle(DecoderStyle):
         tokens = self.backbone.token_embedding(input_ids)
         # keras-hub's PositionEmbedding slices the table from one start index for every row; tfgen gathers each
         # row's own positions (left padding gives rows different starts).
-        positions = tf.cast(tf.gather(self._position_table, tf.range(tf.shape(input_ids)[1]) + position_ids[:, :1] * 0 + position_ids[-1:, :1]), tokens.dtype)
+        positions = tf.cast(tf.gather(self._position_table, position_ids), tokens.dtype)
         # The embedding dropout is skipped: generation is inference.
         return self.backbone.embeddings_add((tokens, positions))
 

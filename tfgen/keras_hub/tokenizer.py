@@ -3,6 +3,7 @@ truncation, decoding, stop strings, streaming), so text goes in and out as keras
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -101,9 +102,20 @@ class KerasHubTokenizer(Tokenizer):
         return KerasHubInGraphTokenizer(self, vocab_size)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        raise NotImplementedError(
-            "a keras-hub tokenizer is saved with its model (causal_lm.save_to_preset); it has no tokenizer.json"
-        )
+        """Writes the keras-hub tokenizer as keras-hub saves it (its config as `tokenizer.json` and its assets:
+        vocabulary and merges, or the SentencePiece proto) plus `tfgen_tokenizer.json` (start token use, padding
+        side, stop ids). A batch job hashes these files to record which tokenizer wrote its text; to load a model
+        with its tokenizer, save the model instead (`causal_lm.save_to_preset`)."""
+        import keras
+
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "tokenizer.json"), "w", encoding="utf-8") as file:
+            json.dump(keras.saving.serialize_keras_object(self.layer), file, indent=2, sort_keys=True)
+        self.layer.save_assets(os.fspath(directory))
+        settings = {"add_start_token": self._add_start_token, "padding_side": self._padding_side,
+                    "stop_token_ids": self.stop_token_ids, "pad_token_id": self.pad_token_id}
+        with open(os.path.join(directory, "tfgen_tokenizer.json"), "w", encoding="utf-8") as file:
+            json.dump(settings, file, indent=2, sort_keys=True)
 
 
 class KerasHubInGraphTokenizer(InGraphTokenizer):

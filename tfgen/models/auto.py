@@ -92,9 +92,9 @@ class AutoModelForCausalLM:
         local_files_only: bool | None = None,
     ):
         """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights, or from a
-        GGUF file (llama.cpp's format: a path ending in `.gguf`; see `tfgen.gguf`), or from a keras-hub preset directory
-        (`causal_lm.save_to_preset`: the model comes back wrapped by `tfgen.from_keras_hub`), in `dtype` (a Keras dtype or
-        policy name; default the Keras float type), with `generation_config` set. Raises `OSError` for unresolvable
+        GGUF file (llama.cpp's format: a path ending in `.gguf`; see `tfgen.gguf`), or from a keras-hub preset
+        directory (`causal_lm.save_to_preset`: the model comes back wrapped by `tfgen.from_keras_hub`), in `dtype` (a
+        Keras dtype or policy name; default the Keras float type), with `generation_config` set. Raises `OSError` for unresolvable
         ids and missing or malformed files, `ValueError` / `TypeError` naming `config.json` (or the GGUF file) for
         unsupported architectures, invalid config values or weights that cannot fit in the memory available
         (checked before anything is built or read), `ValueError` for mismatched weights."""
