@@ -181,6 +181,24 @@ def test_beam_search_matches_hf(model, hf_model, batch):
         assert_beams_match(ours, hf_out, ids.shape[1])
 
 
+@pytest.mark.parametrize("kind", ["int8", "bfloat16"])
+def test_int8_and_bfloat16_models_match_keras_hubs_own_generate(causal_lm, kind):
+    if kind == "int8":
+        variant = build_causal_lm()
+        variant.quantize("int8")
+    else:
+        variant = keras_hub.models.GPT2CausalLM(
+            backbone=keras_hub.models.GPT2Backbone(**SMALL, dtype="bfloat16"), preprocessor=None
+        )
+        for target, source in zip(variant.weights, causal_lm.weights):
+            target.assign(np.asarray(source.numpy(), np.float32).astype(target.dtype))
+    variant.compile(sampler="greedy")
+    prompt = np.array([PROMPT], np.int32)
+    ours = tfgen.from_keras_hub(variant).generate(prompt, attention_mask=np.ones_like(prompt),
+                                                  max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    np.testing.assert_array_equal(np.asarray(ours), keras_hub_greedy(variant, prompt, NEW_TOKENS))
+
+
 # --------------------------------------------------------------------------------------------------- text in/out
 
 

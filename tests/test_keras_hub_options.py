@@ -94,3 +94,33 @@ def test_errors_name_what_is_wrong():
                                               intermediate_dim=16)
     with pytest.raises(ValueError, match="BloomBackbone is not supported; supported backbones: .*LlamaBackbone"):
         tfgen.from_keras_hub(keras_hub.models.BloomCausalLM(backbone=backbone, preprocessor=None))
+
+
+def test_a_sentencepiece_tokenizer_encodes_as_keras_hub_does_in_python_and_in_the_graph():
+    import io
+
+    import sentencepiece
+    import tensorflow as tf
+
+    texts = ["the quick brown fox", "jumps over the lazy dog", "the dog"]
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts * 20), model_writer=proto, vocab_size=12, model_type="WORD", pad_id=0,
+        bos_id=1, eos_id=2, unk_id=3, pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>")
+    preprocessor = keras_hub.models.LlamaCausalLMPreprocessor(
+        keras_hub.models.LlamaTokenizer(proto=proto.getvalue()), sequence_length=12)
+    from tfgen.keras_hub import KerasHubTokenizer
+
+    tokenizer = KerasHubTokenizer(preprocessor)
+    batch = tokenizer(texts)
+    packed = preprocessor.generate_preprocess(texts)
+    for row in range(len(texts)):
+        ours = batch["input_ids"][row][batch["attention_mask"][row] == 1]
+        expected = np.asarray(packed["token_ids"])[row][np.asarray(packed["padding_mask"])[row]]
+        np.testing.assert_array_equal(ours, expected)
+    assert ours[0] == 1  # the start token <s>
+    assert tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True) == texts
+    # The exported generate_text signature's tokenizer gives the same left-padded ids.
+    in_graph_ids, in_graph_mask = tf.function(tokenizer.in_graph(12).encode)(tf.constant(texts))
+    np.testing.assert_array_equal(in_graph_ids.numpy(), batch["input_ids"])
+    np.testing.assert_array_equal(in_graph_mask.numpy(), batch["attention_mask"])
