@@ -51,7 +51,7 @@ class BandwidthProbe:
         return self.matrix.nbytes / min(seconds) / 1e9
 
 
-def _prefix_agreement(tokens: np.ndarray, reference: np.ndarray) -> float:
+def prefix_agreement(tokens: np.ndarray, reference: np.ndarray) -> float:
     """Mean over rows of the fraction of new tokens before the first difference; both int `[B, N]`."""
     differs = tokens != reference
     first = np.where(differs.any(axis=1), differs.argmax(axis=1), tokens.shape[1])
@@ -94,11 +94,11 @@ def measure_cell(runners: dict, strategy: str, batch: int, options, info: dict, 
         seconds = results[library]["seconds"]
         results[library]["tokens_per_s"] = batch * options.new_tokens / statistics.median(seconds)
         if strategy in DETERMINISTIC and "tfgen" in outputs and library != "tfgen":
-            results[library]["agreement_with_tfgen"] = _prefix_agreement(outputs[library], outputs["tfgen"])
+            results[library]["agreement_with_tfgen"] = prefix_agreement(outputs[library], outputs["tfgen"])
     return {"strategy": strategy, "batch": batch, "results": results, "bandwidth_gbs": bandwidth}
 
 
-def _versions() -> dict:
+def library_versions() -> dict:
     from importlib import metadata
 
     versions = {}
@@ -118,7 +118,7 @@ def run_benchmark(options, log=print) -> dict:
         },
         "machine": {
             "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg(), "versions": _versions(),
+            "load_average_at_start": os.getloadavg(), "versions": library_versions(),
         },
         "models": [],
     }
@@ -147,7 +147,7 @@ def run_benchmark(options, log=print) -> dict:
                 log(f"   {strategy}, batch {batch} ...")
                 cell = measure_cell(runners, strategy, batch, options, info, probe if batch == 1 else None)
                 entry["cells"].append(cell)
-                log(_cell_line(cell))
+                log(cell_line(cell))
         add_roofline(entry)
         del runners, probe
     results["machine"]["load_average_at_end"] = os.getloadavg()
@@ -163,7 +163,7 @@ def add_roofline(entry: dict) -> None:
         entry["roofline_tokens_per_s"] = entry["bandwidth_gbs"] * 1e9 / entry["weight_bytes_per_step"]
 
 
-def _cell_line(cell) -> str:
+def cell_line(cell) -> str:
     parts = []
     for library, result in cell["results"].items():
         parts.append(f"{library} {result['tokens_per_s']:.1f}" if "tokens_per_s" in result else f"{library} n/a")

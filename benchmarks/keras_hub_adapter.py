@@ -9,8 +9,10 @@ One process loads a keras-hub `CausalLM` once per variant (float32; `causal_lm.q
 and compute, `dtype="bfloat16"` at load), and both libraries generate with that same object: keras-hub through
 `causal_lm.compile(sampler=...)` and `causal_lm.generate()` (prompts at the start of a right-padded buffer of
 prompt + new tokens, no stop token), tfgen through `from_keras_hub(causal_lm).generate(..., eos_token_id=None)`.
-`keras-hub-xla` (opt-in) is keras-hub's `generate()` compiled with `jit_compile=True`, which keras-hub does not do
-by default on a CPU-only machine; it runs a second `CausalLM` of the same class over the same backbone.
+Opt-in columns: `keras-hub-xla` is keras-hub's `generate()` compiled with `jit_compile=True`, which keras-hub does
+not do by default on a CPU-only machine (a second `CausalLM` of the same class over the same backbone);
+`tfgen-native` is tfgen's own model class loaded from the same checkpoint (float32 and bfloat16 only), the adapter's
+cost against tfgen's native implementation.
 
 The rounds are the main benchmark's (`harness.measure_cell`): a first (compiling) call, warm-up calls, then timed
 rounds alternating the libraries; tokens/s is `batch × new tokens / median seconds`; greedy and beam rows say how
@@ -31,11 +33,13 @@ import os
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import harness
+from benchmarks.harness import _csv
 from benchmarks.peers import (
     BENCH_REQUESTS, DETERMINISTIC, Runner, TfgenRunner, Unavailable, bench_prompt, is_gguf, keras_hub_generate,
     keras_hub_sampler,
@@ -44,7 +48,7 @@ from benchmarks.peers import (
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_LLAMA = "tiny-llama"
 VARIANTS = ("float32", "int8", "bfloat16")
-LIBRARIES = ("tfgen", "keras-hub", "keras-hub-xla")
+LIBRARIES = ("tfgen", "keras-hub", "keras-hub-xla", "tfgen-native")
 DEFAULT_LIBRARIES = ("tfgen", "keras-hub")
 BEGIN, END = "<!-- keras-hub-bench:begin -->", "<!-- keras-hub-bench:end -->"
 SECTION = "## keras-hub models through tfgen"
@@ -126,7 +130,9 @@ def load_causal_lm(model: str, variant: str, cache_dir: str):
     quantize_s = None
     if variant == "int8":
         start = time.perf_counter()
-        causal_lm.quantize("int8")
+        with warnings.catch_warnings():  # keras names every layer without weights to quantize (norms, dropout, ...)
+            warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
+            causal_lm.quantize("int8")
         quantize_s = time.perf_counter() - start
     backbone = causal_lm.backbone
     return causal_lm, {
@@ -180,9 +186,23 @@ class KerasHubGenerate(Runner):
         return keras_hub_generate(self.causal_lm, input_ids, self.new_tokens)
 
 
-def make_runners(causal_lm, libraries, new_tokens) -> dict:
+class TfgenNative(TfgenRunner):
+    """tfgen's own model class (`AutoModelForCausalLM`) loaded from the HF-layout directory keras-hub loaded, in the
+    variant's dtype: what the adapter costs against tfgen's native implementation of the same weights."""
+
+    def __init__(self, info, variant, new_tokens):
+        if not Path(str(info["source"]), "config.json").is_file():
+            raise Unavailable(f"{info['source']} is no checkpoint tfgen can load")
+        if variant == "int8":
+            raise Unavailable("tfgen's own models have no int8 weights")
+        self.dtype = "bfloat16" if variant == "bfloat16" else None
+        super().__init__(info["source"], new_tokens)
+
+
+def make_runners(causal_lm, libraries, new_tokens, info=None, variant="float32") -> dict:
     """{library: runner} over `causal_lm`: tfgen and keras-hub on the object itself, keras-hub-xla on a second
-    `CausalLM` of the same class over the same backbone (one object cannot alternate two compiled functions)."""
+    `CausalLM` of the same class over the same backbone (one object cannot alternate two compiled functions), and
+    tfgen-native on tfgen's own model of the checkpoint `info["source"]`."""
     # Wrapped with greedy defaults: keras-hub's default sampler (top-k 5) would otherwise become the wrapper's
     # defaults, which every request below overrides anyway (and greedy requests would warn about the unused top_k).
     causal_lm.compile(sampler=keras_hub_sampler("greedy"))
@@ -193,9 +213,13 @@ def make_runners(causal_lm, libraries, new_tokens) -> dict:
                 runners[library] = TfgenOverKerasHub(causal_lm, new_tokens)
             elif library == "keras-hub":
                 runners[library] = KerasHubGenerate(causal_lm, new_tokens)
+            elif library == "tfgen-native":
+                runners[library] = TfgenNative(info or {"source": ""}, variant, new_tokens)
             else:
                 sibling = type(causal_lm)(backbone=causal_lm.backbone, preprocessor=None)
                 runners[library] = KerasHubGenerate(sibling, new_tokens, jit_compile=True)
+        except Unavailable as error:
+            runners[library] = error
         except Exception as error:  # noqa: BLE001 - e.g. the adapter refusing a model: reported, not fatal
             runners[library] = Unavailable(f"{type(error).__name__}: {error}"[:300])
     return runners
@@ -216,7 +240,7 @@ def run_benchmark(options, log=print) -> dict:
         },
         "machine": {
             "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "load_average_at_start": os.getloadavg(), "versions": harness._versions(),
+            "load_average_at_start": os.getloadavg(), "versions": harness.library_versions(),
             "tfgen_compile_cache": os.environ.get("TFGEN_COMPILE_CACHE", "on (default)"),
         },
         "variants": [],
@@ -232,7 +256,7 @@ def run_benchmark(options, log=print) -> dict:
             continue
         log(f"   {info['backbone']}, {info['parameters'] / 1e6:.1f}M parameters, {info['weight_bytes'] / 1e6:.0f} MB "
             f"stored ({info['dtype_policy']}), loaded in {info['load_s']:.1f} s")
-        runners = make_runners(causal_lm, options.libraries, options.new_tokens)
+        runners = make_runners(causal_lm, options.libraries, options.new_tokens, info, variant)
         entry = {"variant": variant, **info, "cells": []}
         if isinstance(runners.get("tfgen"), TfgenOverKerasHub):
             entry["wrap_s"] = runners["tfgen"].wrap_s
@@ -249,11 +273,11 @@ def run_benchmark(options, log=print) -> dict:
                     if variant == "float32":
                         float32_outputs[(strategy, batch)] = ours
                     elif (strategy, batch) in float32_outputs:
-                        cell["results"]["tfgen"]["agreement_with_float32"] = harness._prefix_agreement(
+                        cell["results"]["tfgen"]["agreement_with_float32"] = harness.prefix_agreement(
                             ours, float32_outputs[(strategy, batch)]
                         )
                 entry["cells"].append(cell)
-                log(harness._cell_line(cell))
+                log(harness.cell_line(cell))
         del runners, causal_lm
         gc.collect()
     results["machine"]["load_average_at_end"] = os.getloadavg()
@@ -367,10 +391,6 @@ def render(results: dict, page: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the command line
-
-
-def _csv(kind, choices=None):
-    return harness._csv(kind, choices)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,13 +7,17 @@ import numpy as np
 
 
 def randomize(causal_lm, seed: int) -> None:
-    """Sets every float weight of `causal_lm` to random values: norms near 1, everything else N(0, 0.3)."""
+    """Sets every float weight of `causal_lm` to random values: norm scales near 1, norm offsets near 0 (an offset
+    near 1 in a final norm adds `embedding @ offset` to every logit, and one token then wins every step), everything
+    else N(0, 0.3)."""
     rng = np.random.default_rng(seed)
     for variable in causal_lm.weights:
         if "float" not in str(variable.dtype):
             continue
         shape = tuple(variable.shape)
-        if "norm" in variable.path or variable.name in ("scale", "gamma"):
+        if variable.path.endswith("beta"):
+            value = 0.1 * rng.standard_normal(shape)
+        elif "norm" in variable.path or variable.name in ("scale", "gamma"):
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
             value = 0.3 * rng.standard_normal(shape)

@@ -149,3 +149,75 @@ def test_bench_without_the_source_tree_says_where_the_harness_is(tmp_path, monke
     monkeypatch.setattr(bench_command, "BENCHMARKS_DIR", tmp_path / "benchmarks")
     assert main(["bench", "--quick"]) == 2
     assert "python -m benchmarks" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- keras-hub through tfgen
+
+
+@pytest.fixture(scope="module")
+def keras_hub_run(tmp_path_factory):
+    """`python -m benchmarks.keras_hub_adapter` on the tiny random keras-hub Llama, every variant, greedy and beam at
+    batch 2 for float32 and greedy for int8 / bfloat16: (exit code, stdout, results)."""
+    pytest.importorskip("keras_hub")
+    from benchmarks import keras_hub_adapter
+
+    results_path = tmp_path_factory.mktemp("keras_hub_bench") / "results.json"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = keras_hub_adapter.main([
+            "--model", "tiny-llama", "--strategies", "greedy,beam", "--batches", "2", "--runs", "1", "--warmup", "0",
+            "--prompt-len", "4", "--new-tokens", "4", "--json", str(results_path),
+        ])
+    return code, printed.getvalue(), json.loads(results_path.read_text())
+
+
+def test_keras_hub_adapter_bench_runs_both_libraries_on_one_model(keras_hub_run):
+    code, printed, results = keras_hub_run
+    assert code == 0 and results["benchmark"] == "keras_hub_adapter"
+    assert [entry["variant"] for entry in results["variants"]] == ["float32", "int8", "bfloat16"]
+    float32, int8, bfloat16 = results["variants"]
+    assert (float32["backbone"], float32["dtype_policy"], bfloat16["dtype_policy"]) == (
+        "LlamaBackbone", "float32", "bfloat16")
+    # Quantized weights are stored in fewer bytes: int8 kernels (plus their scales), bfloat16 halves.
+    assert int8["weight_bytes"] < float32["weight_bytes"] and int8["quantize_s"] > 0
+    assert bfloat16["weight_bytes"] * 2 == float32["weight_bytes"]
+    assert [(cell["strategy"], cell["batch"]) for cell in float32["cells"]] == [("greedy", 2), ("beam", 2)]
+    for entry in results["variants"]:
+        for cell in entry["cells"]:
+            for library in ("tfgen", "keras-hub"):
+                measured = cell["results"][library]
+                assert "error" not in measured, (entry["variant"], cell["strategy"], measured)
+                assert measured["tokens_per_s"] > 0 and measured["compile_s"] > 0 and len(measured["seconds"]) == 1
+            agreement = cell["results"]["keras-hub"]["agreement_with_tfgen"]
+            assert 0.0 <= agreement <= 1.0
+    # The same float32 model object: keras-hub's own greedy and beam search produced exactly tfgen's tokens.
+    assert [cell["results"]["keras-hub"]["agreement_with_tfgen"] for cell in float32["cells"]] == [1.0, 1.0]
+    # The reduced-precision rows compare tfgen's tokens with float32 tfgen's on the same prompts.
+    for entry in (int8, bfloat16):
+        (cell,) = entry["cells"]
+        assert cell["strategy"] == "greedy" and 0.0 <= cell["results"]["tfgen"]["agreement_with_float32"] <= 1.0
+    assert "| float32 (" in printed and "tfgen ÷ keras-hub" in printed and "| int8 (" in printed
+
+
+def test_keras_hub_adapter_bench_renders_its_own_section(keras_hub_run, tmp_path):
+    from benchmarks import keras_hub_adapter
+
+    results_path = tmp_path / "results.json"
+    results_path.write_text(json.dumps(keras_hub_run[2]))
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Performance\n\n{report.BEGIN}\nmain tables\n{report.END}\n\nprose\n")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert keras_hub_adapter.main(["--from-json", str(results_path), "--docs", str(page)]) == 0
+    text = page.read_text()
+    # Appended as its own section; the main benchmark's block and the prose stay.
+    assert "main tables" in text and "prose" in text and keras_hub_adapter.SECTION in text
+    assert text.index("prose") < text.index(keras_hub_adapter.BEGIN) and "| bfloat16 (" in text
+    # Rendering again replaces the block in place (a later run's re-measured cells are marked).
+    again = json.loads(json.dumps(keras_hub_run[2]))
+    again["variants"] = again["variants"][:1]
+    (tmp_path / "again.json").write_text(json.dumps(again))
+    with contextlib.redirect_stdout(io.StringIO()):
+        keras_hub_adapter.main(["--from-json", f"{results_path},{tmp_path / 'again.json'}", "--docs", str(page)])
+    text = page.read_text()
+    assert text.count(keras_hub_adapter.BEGIN) == 1 and text.count(keras_hub_adapter.SECTION) == 1
+    assert "| greedy \\* | 2 |" in text and "| int8 (" in text

@@ -94,6 +94,21 @@ def test_greedy_matches_keras_hubs_own_generate(variant):
     assert len(set(theirs[0, len(PROMPT):].tolist())) > 2
 
 
+def test_prompt_logits_match_keras_hubs_forward_pass(variant):
+    # Greedy tokens cannot see a monotonic change of the logits (the final soft cap) nor a small one (gelu's tanh
+    # approximation); the logits can. Eager, no program to compile: a left-padded batch through tfgen's cached
+    # forward against each row alone through keras-hub's own forward pass.
+    _, causal_lm, model, _ = variant
+    rows = [PROMPT, OTHER]
+    ids, mask = left_padded(rows, width=len(PROMPT) + 2)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    ours = model.call_with_cache(ids, model.init_cache(len(rows), ids.shape[1]), 0, mask, positions).logits
+    for index, row in enumerate(rows):
+        alone = np.array([row], np.int32)
+        theirs = np.asarray(causal_lm({"token_ids": alone, "padding_mask": np.ones_like(alone)}))
+        np.testing.assert_allclose(np.asarray(ours)[index, -len(row):], theirs[0], rtol=1e-5, atol=1e-4)
+
+
 def test_left_padding_and_batching_change_no_row(variant):
     name, _, model, _ = variant
     # Wider than the prompts need, so that the rows sit at other buffer slots (and in another length bucket) than

@@ -26,20 +26,21 @@ import tensorflow as tf
 from tfgen.keras_hub.styles import DecoderStyle, sublayer
 from tfgen.models.attention import grouped_attention
 
+# part: (attribute, what an error calls it).
 _DECODER_PARTS = {
-    "attention": "attention",
-    "attention_norm": "pre_attention_norm",
-    "feedforward_norm": "pre_ffw_norm",
-    "gate": "gating_ffw",  # gelu(gate(x)) * up(x)
-    "up": "gating_ffw_2",
-    "down": "ffw_linear",
+    "attention": ("attention", "attention layer"),
+    "attention_norm": ("pre_attention_norm", "pre-attention norm"),
+    "feedforward_norm": ("pre_ffw_norm", "pre-feed-forward norm"),
+    "gate": ("gating_ffw", "feed-forward gate projection"),  # gelu(gate(x)) * up(x)
+    "up": ("gating_ffw_2", "feed-forward up projection"),
+    "down": ("ffw_linear", "feed-forward down projection"),
 }
 _ATTENTION_PARTS = {
-    "query": "query_dense",
-    "key": "key_dense",
-    "value": "value_dense",
-    "output": "output_dense",
-    "rope": "rope_layer",
+    "query": ("query_dense", "query projection"),
+    "key": ("key_dense", "key projection"),
+    "value": ("value_dense", "value projection"),
+    "output": ("output_dense", "output projection"),
+    "rope": ("rope_layer", "rotary embedding"),
 }
 _FLOAT16_MAX = 65504.0
 
@@ -64,12 +65,12 @@ class GemmaDecoderStyle(DecoderStyle):
         self._hidden_dim = int(_option(backbone, "hidden_dim"))
         self.layers = []
         for decoder in backbone.transformer_layers:
-            parts = {name: sublayer(decoder, names, name.replace("_", " ")) for name, names in _DECODER_PARTS.items()}
+            parts = {part: sublayer(decoder, name, what) for part, (name, what) in _DECODER_PARTS.items()}
             attention = parts.pop("attention")
-            parts.update({name: sublayer(attention, names, name) for name, names in _ATTENTION_PARTS.items()})
-            for name, flag in (("post_attention_norm", "use_post_attention_norm"),
-                               ("post_ffw_norm", "use_post_ffw_norm")):
-                parts[name] = sublayer(decoder, name, name.replace("_", " ")) if _option(decoder, flag) else None
+            parts.update({part: sublayer(attention, name, what) for part, (name, what) in _ATTENTION_PARTS.items()})
+            for name, flag, what in (("post_attention_norm", "use_post_attention_norm", "post-attention norm"),
+                                     ("post_ffw_norm", "use_post_ffw_norm", "post-feed-forward norm")):
+                parts[name] = sublayer(decoder, name, what) if _option(decoder, flag) else None
             if getattr(attention, "use_query_key_norm", False):  # Gemma 3
                 parts["qk_norms"] = (sublayer(attention, "query_norm", "query norm"),
                                      sublayer(attention, "key_norm", "key norm"))

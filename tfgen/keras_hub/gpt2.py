@@ -1,6 +1,6 @@
-"""The GPT-2 decoder style of keras-hub's `GPT2Backbone`: token embedding + learned position embedding (at each row's
-positions) → pre-LN `keras_hub.layers.TransformerDecoder`s (LayerNorm → multi-head attention → residual, LayerNorm →
-`output(gelu(intermediate(x)))` → residual) → final LayerNorm, with the LM head tied to the token embedding."""
+"""The GPT-2 decoder style of keras-hub's `GPT2Backbone`: token embedding + learned position embedding (at each
+row's positions) → pre-LN `keras_hub.layers.TransformerDecoder`s (LayerNorm → multi-head attention → residual,
+LayerNorm → `output(gelu(intermediate(x)))` → residual) → final LayerNorm, the LM head tied to the token embedding."""
 
 from __future__ import annotations
 
@@ -63,20 +63,21 @@ class GPT2DecoderStyle(DecoderStyle):
 
     @staticmethod
     def _check_attention(where, attention) -> None:
-        """Refuses the Keras MultiHeadAttention options grouped_attention does not compute."""
-        key_dim, value_dim = attention._key_dim, getattr(attention, "_value_dim", attention._key_dim)
+        """Refuses the Keras MultiHeadAttention options that `grouped_attention` does not compute (keras-hub's GPT-2
+        sets none of them). Keras keeps them in private attributes, read by name."""
+        options = {name: getattr(attention, f"_{name}", None) for name in
+                   ("key_dim", "value_dim", "attention_axes", "output_shape", "use_gate", "sliding_window")}
         refused = {
-            f"value_dim={value_dim} (key_dim={key_dim})": value_dim != key_dim,
-            f"attention_axes={getattr(attention, '_attention_axes', None)}":
-                tuple(getattr(attention, "_attention_axes", None) or (1,)) != (1,),
-            f"output_shape={getattr(attention, '_output_shape', None)}": bool(getattr(attention, "_output_shape", None)),
-            "use_gate=True": bool(getattr(attention, "_use_gate", False)),
-            f"sliding_window={getattr(attention, '_sliding_window', None)}":
-                getattr(attention, "_sliding_window", None) is not None,
+            "value_dim": options["value_dim"] not in (None, options["key_dim"]),
+            "attention_axes": tuple(options["attention_axes"] or (1,)) != (1,),
+            "output_shape": bool(options["output_shape"]),
+            "use_gate": bool(options["use_gate"]),
+            "sliding_window": options["sliding_window"] is not None,
         }
-        for option, bad in refused.items():
+        for name, bad in refused.items():
             if bad:
-                raise ValueError(f"{where}'s self-attention has {option}, which tfgen's GPT-2 style does not run")
+                raise ValueError(f"{where}'s self-attention has {name}={options[name]}, which tfgen's GPT-2 style "
+                                 "does not run")
 
     def cache_heads_and_dim(self):
         return self._heads, self._head_dim
