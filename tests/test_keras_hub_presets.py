@@ -145,3 +145,23 @@ def test_tfgen_batch_runs_a_preset(preset, loaded, tmp_path):
         stop = next((i + 1 for i, token in enumerate(expected) if token in eos), len(expected))
         assert results[str(index)]["token_ids"] == expected[:stop].tolist()
         assert results[str(index)]["text"] == tokenizer.decode(expected[:stop], skip_special_tokens=True)
+
+
+def test_stop_strings_and_streaming_work_with_keras_hubs_tokenizer(loaded):
+    model, tokenizer = loaded
+    encoded = tokenizer(TEXTS[:1])
+    width = encoded["input_ids"].shape[1]
+    options = dict(attention_mask=encoded["attention_mask"], max_new_tokens=NEW_TOKENS, do_sample=False, top_k=None,
+                   eos_token_id=None)
+    free = np.asarray(model.generate(encoded["input_ids"], **options))[0, width:]
+    # A stop string that the third generated token completes (its text's last character, after the first two).
+    text_before = tokenizer.decode(free[:2])
+    stop = tokenizer.decode(free[:3])[len(text_before):][-1:]
+    assert stop and stop not in text_before
+    stopped = np.asarray(model.generate(encoded["input_ids"], stop_strings=[stop], tokenizer=tokenizer, **options))
+    np.testing.assert_array_equal(stopped[0, width:width + 3], free[:3])
+    assert (stopped[0, width + 3:] == tokenizer.pad_token_id).all()
+
+    streamer = tfgen.TextIteratorStreamer(tokenizer, skip_prompt=True)
+    model.generate(encoded["input_ids"], streamer=streamer, **options)
+    assert "".join(streamer) == tokenizer.decode(free, skip_special_tokens=True)
