@@ -45,8 +45,24 @@ def build(family: str, seed: int = 0, **backbone_overrides):
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_model(request):
-    causal_lm = build(request.param)
-    return request.param, causal_lm, tfgen.from_keras_hub(causal_lm)
+    return _build_wrapped(request.param)
+
+
+# Left padding and batching are the adapter's, not a family's: two families (one windowed) by default, all in `slow`.
+@pytest.fixture(scope="module", params=[family if family in ("llama", "mistral")
+                                        else pytest.param(family, marks=pytest.mark.slow) for family in sorted(FAMILIES)])
+def padded_family_model(request):
+    return _build_wrapped(request.param)
+
+
+_WRAPPED: dict = {}
+
+
+def _build_wrapped(family):
+    if family not in _WRAPPED:  # one model (and its compiled programs) per family for both fixtures
+        causal_lm = build(family)
+        _WRAPPED[family] = family, causal_lm, tfgen.from_keras_hub(causal_lm)
+    return _WRAPPED[family]
 
 
 def test_greedy_matches_keras_hubs_own_generate(family_model):
@@ -64,20 +80,25 @@ def test_greedy_matches_keras_hubs_own_generate(family_model):
     np.testing.assert_array_equal(ours, keras_hub_greedy(causal_lm, prompt, NEW_TOKENS))
 
 
-def test_left_padding_and_batching_change_no_row(family_model):
-    _, _, model = family_model
-    ids, mask = left_padded_batch([PROMPT, OTHER])
+def test_left_padding_and_batching_change_no_row(padded_family_model):
+    """The same rows in another order, behind other amounts of padding (widths 20 and 24: the same compiled programs,
+    other buffer slots and batch positions), give each row the same tokens, greedy and with per-row seeds; and the
+    greedy row equals the unpadded prompt alone (the program of `test_greedy_matches_keras_hubs_own_generate`)."""
+    _, _, model = padded_family_model
     options = dict(max_new_tokens=NEW_TOKENS, pad_token_id=0)
-    row_seeds = np.array([[1, 2], [3, 4]], np.int32)
-    greedy = np.asarray(model.generate(ids, attention_mask=mask, **options))
-    sampled = np.asarray(model.generate(ids, attention_mask=mask, do_sample=True, seed=row_seeds, **options))
-    for index, row in enumerate([PROMPT, OTHER]):
-        alone = np.array([row], np.int32)
-        alone_greedy = np.asarray(model.generate(alone, attention_mask=np.ones_like(alone),
-                                                 **options))
-        np.testing.assert_array_equal(greedy[index, -NEW_TOKENS:], alone_greedy[0, -NEW_TOKENS:])
-        alone_sampled = np.asarray(model.generate(alone, attention_mask=np.ones_like(alone), do_sample=True,
-                                                  seed=row_seeds[index:index + 1], **options))
-        np.testing.assert_array_equal(sampled[index, -NEW_TOKENS:], alone_sampled[0, -NEW_TOKENS:])
-    assert not np.array_equal(greedy[0, -NEW_TOKENS:], greedy[1, -NEW_TOKENS:])
-    assert not np.array_equal(greedy[:, -NEW_TOKENS:], sampled[:, -NEW_TOKENS:])
+    runs = []
+    for rows, seeds, width in (([PROMPT, OTHER], [[1, 2], [3, 4]], 20), ([OTHER, PROMPT], [[3, 4], [1, 2]], 24)):
+        ids, mask = left_padded_batch(rows)
+        ids, mask = (np.pad(a, [(0, 0), (width - a.shape[1], 0)]) for a in (ids, mask))
+        greedy = np.asarray(model.generate(ids, attention_mask=mask, **options))[:, -NEW_TOKENS:]
+        sampled = np.asarray(model.generate(ids, attention_mask=mask, do_sample=True, seed=np.array(seeds, np.int32),
+                                            **options))[:, -NEW_TOKENS:]
+        runs.append((greedy, sampled))
+    (greedy, sampled), (greedy_swapped, sampled_swapped) = runs
+    np.testing.assert_array_equal(greedy, greedy_swapped[::-1])
+    np.testing.assert_array_equal(sampled, sampled_swapped[::-1])
+    alone = np.array([PROMPT], np.int32)
+    np.testing.assert_array_equal(
+        greedy[0], np.asarray(model.generate(alone, attention_mask=np.ones_like(alone), **options))[0, -NEW_TOKENS:])
+    assert not np.array_equal(greedy[0], greedy[1])
+    assert not np.array_equal(greedy, sampled)
