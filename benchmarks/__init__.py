@@ -10,4 +10,6 @@ the method and shows the results, whose raw runs are kept in `benchmarks/results
 - `first_call.py`: first-call time and peak memory, each library in a fresh process.
 - `report.py`: merging saved runs, the markdown tables, the plots and the generated block of the docs page.
 - `run.py`: the command line (`main`).
+- `keras_hub_adapter.py`: `python -m benchmarks.keras_hub_adapter`, keras-hub's own `generate()` next to tfgen's
+  (`tfgen.from_keras_hub`) on the same keras-hub model, in float32, int8 and bfloat16.
 """

@@ -1,6 +1,6 @@
 """keras-hub's own `generate()` next to tfgen's on the same keras-hub model object (`tfgen.from_keras_hub`).
 
-    python -m benchmarks.keras_hub_adapter                          # SmolLM2-135M in keras-hub (about 15 min here)
+    python -m benchmarks.keras_hub_adapter                          # SmolLM2-135M in keras-hub (~20 min here)
     python -m benchmarks.keras_hub_adapter --quick                  # smoke run of the whole pipeline
     python -m benchmarks.keras_hub_adapter --json run.json --docs   # keep every timing, render docs/performance.md
     python -m benchmarks.keras_hub_adapter --from-json a.json,b.json --docs   # re-render from saved runs, merged
@@ -41,7 +41,7 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.harness import _csv
 from benchmarks.peers import (
-    BENCH_REQUESTS, DETERMINISTIC, Runner, TfgenRunner, Unavailable, bench_prompt, is_gguf, keras_hub_generate,
+    BENCH_REQUESTS, DETERMINISTIC, Runner, TfgenRunner, Unavailable, is_gguf, keras_hub_generate,
     keras_hub_sampler,
 )
 
@@ -286,7 +286,7 @@ def run_benchmark(options, log=print) -> dict:
 
 def merge(runs: list[dict]) -> dict:
     """One results dict from several runs of the same model: a (variant, strategy, batch) cell measured again takes
-    the later run's libraries; variants and cells keep their first order."""
+    the later run's libraries (and is marked); variants keep their first order, cells sort by batch and strategy."""
     merged = json.loads(json.dumps(runs[0]))
     for run in runs[1:]:
         merged["machine"]["load_average_at_end"] = run["machine"]["load_average_at_end"]
@@ -307,6 +307,12 @@ def merge(runs: list[dict]) -> dict:
                 else:
                     known["results"].update(cell["results"])
                     known["remeasured"] = True
+    settings = merged["settings"]
+    order = settings["strategies"] + [name for name in settings["variant_strategies"] if name not in
+                                      settings["strategies"]]
+    for entry in merged["variants"]:
+        entry.get("cells", []).sort(key=lambda cell: (settings["batches"].index(cell["batch"]),
+                                                      order.index(cell["strategy"])))
     return merged
 
 
@@ -400,7 +406,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", type=_csv(str, VARIANTS), default=list(VARIANTS),
                         help=f"comma-separated subset of {','.join(VARIANTS)}")
     parser.add_argument("--libraries", type=_csv(str, LIBRARIES), default=list(DEFAULT_LIBRARIES),
-                        help=f"comma-separated subset of {','.join(LIBRARIES)} (default: {','.join(DEFAULT_LIBRARIES)})")
+                        help=f"comma-separated subset of {','.join(LIBRARIES)} "
+                        f"(default: {','.join(DEFAULT_LIBRARIES)})")
     strategies = tuple(name for name in BENCH_REQUESTS if name != "contrastive")
     parser.add_argument("--strategies", type=_csv(str, tuple(BENCH_REQUESTS)), default=list(strategies),
                         help=f"the float32 rows (default: {','.join(strategies)})")
@@ -410,7 +417,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed rounds per cell; median reported")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls after the compiling one")
     parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=32,
+                        help="new tokens per row (default 32: keras-hub's beam search at batch 16 is slow)")
     parser.add_argument("--cache-dir", default=os.path.join(Path.home(), ".cache", "tfgen", "bench"),
                         help="where a GGUF model is written once as an HF-layout directory")
     parser.add_argument("--json", help="also write the raw results (every timing) to this JSON file")

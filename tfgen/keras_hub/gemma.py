@@ -160,10 +160,6 @@ class GemmaDecoderStyle(DecoderStyle):
     def final_norm(self, x):
         return self._final_norm(x)
 
-    def logits(self, hidden):
-        # The reversed tied embedding applies the backbone's final_logit_soft_cap itself.
-        return tf.cast(self._embedding(hidden, reverse=True), tf.float32)
-
 
 def _residual(a, b, float16: bool):
     """`a + b`; in float32 and clipped back into float16's range where Gemma 3's decoder block does so."""
