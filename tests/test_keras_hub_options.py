@@ -85,6 +85,17 @@ def test_a_sampler_tfgen_cannot_express_is_warned_about_and_replaced_by_greedy()
     assert config.do_sample is False
 
 
+@pytest.mark.parametrize("sampler, message", [
+    (lambda: keras_hub.samplers.TopKSampler(k=3, seed=42), "seed=42 is not carried over: pass seed= to generate"),
+    (lambda: keras_hub.samplers.BeamSampler(num_beams=2, temperature=0.5), "temperature=0.5 is not carried over"),
+])
+def test_sampler_settings_tfgen_does_not_take_as_defaults_are_warned_about(sampler, message):
+    causal_lm = llama()
+    causal_lm.compile(sampler=sampler())
+    with pytest.warns(UserWarning, match=message):
+        tfgen.from_keras_hub(causal_lm)
+
+
 def test_errors_name_what_is_wrong():
     with pytest.raises(TypeError, match="causal_lm must be a keras_hub.models.CausalLM, got LlamaBackbone"):
         tfgen.from_keras_hub(keras_hub.models.LlamaBackbone(**SMALL))

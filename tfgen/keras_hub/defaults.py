@@ -67,6 +67,10 @@ def sampler_generation_config(causal_lm, config) -> GenerationConfig:
                       stacklevel=3)
         options["do_sample"] = False
     if temperature != 1.0 and not options.get("do_sample"):
-        warnings.warn(f"the sampler's temperature={temperature} does not change {kind.__name__}'s choice and is not "
-                      "carried over", UserWarning, stacklevel=3)
+        warnings.warn(f"the sampler's temperature={temperature} is not carried over: tfgen applies a temperature "
+                      f"when sampling only, not to {kind.__name__}'s choice", UserWarning, stacklevel=3)
+    if getattr(sampler, "seed", None) is not None and options.get("do_sample"):
+        # A seed is a per-call input in tfgen (per row, stateless), not a model default.
+        warnings.warn(f"the sampler's seed={sampler.seed} is not carried over: pass seed= to generate() for "
+                      "reproducible sampling", UserWarning, stacklevel=3)
     return GenerationConfig(**{key: value for key, value in options.items() if value is not None})

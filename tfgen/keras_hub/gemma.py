@@ -109,17 +109,8 @@ class GemmaDecoderStyle(DecoderStyle):
         if not self.layers:
             raise ValueError("causal_lm: the backbone has no decoder layers")
         # Kernels: query `[heads, hidden, head_dim]` ("btd,ndh->btnh"), key `[kv_heads, hidden, head_dim]`.
-        query_kernel_shape = tuple(self.layers[0]["query"].kernel.shape)
         key_kernel_shape = tuple(self.layers[0]["key"].kernel.shape)
-        self._heads, self._kv_heads, self._head_dim = query_kernel_shape[0], key_kernel_shape[0], key_kernel_shape[2]
-        if self._heads % self._kv_heads:
-            raise ValueError(f"causal_lm: {self._heads} query heads do not group over {self._kv_heads} key/value heads")
-
-    def cache_heads_and_dim(self):
-        return self._kv_heads, self._head_dim
-
-    def layer_window(self, index):
-        return self.layers[index]["window"]
+        self.set_heads(self.layers[0]["query"].kernel.shape[0], key_kernel_shape[0], key_kernel_shape[2])
 
     def embed(self, input_ids, position_ids):
         x = self._embedding(input_ids)

@@ -58,8 +58,8 @@ class GPT2DecoderStyle(DecoderStyle):
             self._check_attention(where, attention)
             self.layers.append(parts)
         # Projection kernels are `[hidden, heads, head_dim]` ("abc,cde->abde").
-        query_kernel_shape = tuple(self.layers[0]["query"].kernel.shape)
-        self._heads, self._head_dim = query_kernel_shape[-2:]
+        heads, head_dim = tuple(self.layers[0]["query"].kernel.shape)[-2:]
+        self.set_heads(heads, heads, head_dim)  # multi-head attention: a key/value head per query head
 
     @staticmethod
     def _check_attention(where, attention) -> None:
@@ -78,9 +78,6 @@ class GPT2DecoderStyle(DecoderStyle):
             if bad:
                 raise ValueError(f"{where}'s self-attention has {name}={options[name]}, which tfgen's GPT-2 style "
                                  "does not run")
-
-    def cache_heads_and_dim(self):
-        return self._heads, self._head_dim
 
     def embed(self, input_ids, position_ids):
         tokens = self.backbone.token_embedding(input_ids)

@@ -46,16 +46,7 @@ class RotaryDecoderStyle(DecoderStyle):
             self.layers.append(parts)
         # Kernels are `[hidden, heads, head_dim]` ("bqm,muh->bquh").
         query_kernel_shape = tuple(self.layers[0]["query"].kernel.shape)
-        key_kernel_shape = tuple(self.layers[0]["key"].kernel.shape)
-        self._heads, (self._kv_heads, self._head_dim) = query_kernel_shape[-2], key_kernel_shape[-2:]
-        if self._heads % self._kv_heads:
-            raise ValueError(f"causal_lm: {self._heads} query heads do not group over {self._kv_heads} key/value heads")
-
-    def cache_heads_and_dim(self):
-        return self._kv_heads, self._head_dim
-
-    def layer_window(self, index):
-        return self.layers[index]["window"]
+        self.set_heads(query_kernel_shape[-2], *tuple(self.layers[0]["key"].kernel.shape)[-2:])
 
     def embed(self, input_ids, position_ids):
         return self.backbone.token_embedding(input_ids)

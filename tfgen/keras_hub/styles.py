@@ -23,6 +23,8 @@ class DecoderStyle:
     def __init__(self, causal_lm):
         self.causal_lm = causal_lm
         self.backbone = causal_lm.backbone
+        # Per layer, the sublayers and options `check()` looked up (a dict each).
+        self.layers: list[dict] = []
 
     @property
     def compute_dtype(self):
@@ -34,13 +36,21 @@ class DecoderStyle:
     def num_layers(self) -> int:
         return len(self.backbone.transformer_layers)
 
+    def set_heads(self, heads: int, kv_heads: int, head_dim: int) -> None:
+        """Records the attention shape `check()` read off the projection kernels (the same in every layer); query heads
+        must group evenly over key/value heads."""
+        if heads % kv_heads:
+            raise ValueError(f"causal_lm: {heads} query heads do not group over {kv_heads} key/value heads")
+        self._kv_heads, self._head_dim = int(kv_heads), int(head_dim)
+
     def cache_heads_and_dim(self) -> tuple[int, int]:
-        """(key/value heads, head dim) of every layer's cache."""
-        raise NotImplementedError
+        """(key/value heads, head dim) of every layer's cache, as `set_heads` recorded them."""
+        return self._kv_heads, self._head_dim
 
     def layer_window(self, index: int) -> int | None:
-        """The sliding attention window of layer `index` in buffer slots (None: full attention)."""
-        return None
+        """The sliding attention window of layer `index` in buffer slots (None: full attention): the "window" entry
+        of the layer's parts in `self.layers`, where `check()` put one."""
+        return self.layers[index].get("window")
 
     def embed(self, input_ids: tf.Tensor, position_ids: tf.Tensor) -> tf.Tensor:
         """Input embeddings `[B, T, D]` of int32 `input_ids` `[B, T]` at `position_ids` `[B, T]`."""
