@@ -57,6 +57,10 @@ HONOURED = {
     "bos_token_id": (1, {}),
     "eos_token_id": (5, {}),
     "cache_implementation": ("static", {}),
+    "prompt_lookup_num_tokens": (3, {}),
+    "max_matching_ngram_size": (1, {"prompt_lookup_num_tokens": 3}),
+    "assistant_early_exit": (1, {}),
+    "num_assistant_tokens": (3, {"assistant_early_exit": 1}),
 }
 REFUSED = {
     "dola_layers": ("low", {}),
@@ -77,12 +81,8 @@ REFUSED = {
     "encoder_no_repeat_ngram_size": (2, {}),
     "decoder_start_token_id": (1, {}),
     "is_assistant": (True, {}),
-    "num_assistant_tokens": (5, {}),
     "num_assistant_tokens_schedule": ("heuristic", {}),
     "assistant_confidence_threshold": (0.5, {}),
-    "prompt_lookup_num_tokens": (3, {}),
-    "max_matching_ngram_size": (2, {}),
-    "assistant_early_exit": (2, {}),
     "assistant_lookbehind": (5, {}),
     "target_lookbehind": (5, {}),
     "compile_config": ({"fullgraph": True}, {}),
@@ -101,6 +101,8 @@ WARNED = {
     "diversity_penalty": (0.5, BEAMS),
     "output_scores": (True, {}),
     "output_logits": (True, {}),
+    "max_matching_ngram_size": (2, {}),
+    "num_assistant_tokens": (5, {"prompt_lookup_num_tokens": 3}),
 }
 # Bookkeeping keys of generation_config.json, not options.
 METADATA = {"_from_model_config", "transformers_version"}

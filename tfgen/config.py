@@ -41,6 +41,7 @@ class GenerationMode(enum.StrEnum):
     BEAM_SEARCH = "beam_search"
     BEAM_SAMPLE = "beam_sample"
     GROUP_BEAM_SEARCH = "group_beam_search"
+    ASSISTED_GENERATION = "assisted_generation"
 
 
 class GenerationConfig:
@@ -289,12 +290,14 @@ class GenerationConfig:
             return []
         return [int(eos)] if isinstance(eos, numbers.Integral) else [int(token) for token in eos]
 
-    def get_generation_mode(self) -> GenerationMode:
+    def get_generation_mode(self, assistant_model=None) -> GenerationMode:
         """The decoding strategy these options select, by HF 4.55's rules.
 
-        Raises ValueError when the options select a strategy tfgen does not implement (constrained beam
-        search, assisted or DoLa decoding), naming the option that selected it. As in HF, the assisted and
-        DoLa options are ignored (with a warning) when the base mode is neither greedy search nor sampling.
+        `prompt_lookup_num_tokens`, `assistant_early_exit` or an `assistant_model` turn greedy search or sampling
+        into assisted generation (speculative decoding); as in HF they are ignored (with a warning) in the other
+        modes. Raises ValueError when the options select a strategy tfgen does not implement (constrained beam
+        search, DoLa decoding), naming the option that selected it; DoLa's option is likewise only warned about
+        outside greedy search and sampling.
         """
         for option in ("constraints", "force_words_ids"):
             if getattr(self, option) is not None:
@@ -310,14 +313,19 @@ class GenerationConfig:
             mode = GenerationMode.GROUP_BEAM_SEARCH
         else:
             mode = GenerationMode.BEAM_SAMPLE if self.do_sample else GenerationMode.BEAM_SEARCH
-        for option, method in (("prompt_lookup_num_tokens", "assisted generation"),
-                               ("assistant_early_exit", "assisted generation"),
-                               ("dola_layers", "DoLa decoding")):
-            if getattr(self, option) is None:
-                continue
+        assisting = [option for option in ("prompt_lookup_num_tokens", "assistant_early_exit")
+                     if getattr(self, option) is not None] + (["assistant_model"] if assistant_model is not None else [])
+        base_mode = mode
+        if assisting:
             if mode in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
-                raise ValueError(f"`{option}` selects {method}, which tfgen does not support.")
-            warnings.warn(f"`{option}` would select {method}, which only extends greedy search and sampling; "
+                mode = GenerationMode.ASSISTED_GENERATION
+            else:
+                warnings.warn(f"`{assisting[0]}` would select assisted generation, which only extends greedy search "
+                              f"and sampling; it is ignored in {mode}.", UserWarning, stacklevel=2)
+        if self.dola_layers is not None:
+            if base_mode in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+                raise ValueError("`dola_layers` selects DoLa decoding, which tfgen does not support.")
+            warnings.warn("`dola_layers` would select DoLa decoding, which only extends greedy search and sampling; "
                           f"it is ignored in {mode}.", UserWarning, stacklevel=2)
         return mode
 

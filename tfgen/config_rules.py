@@ -27,6 +27,10 @@ _BEAM_ONLY = {"early_stopping": False, "num_beam_groups": 1, "diversity_penalty"
               "constraints": None}
 
 
+#: The longest draft a speculative program verifies: each drafted token is unrolled into the compiled program.
+MAX_DRAFT_TOKENS = 64
+
+
 def _at_least(bound: float) -> Callable[[Any], bool]:
     return lambda value: value >= bound
 
@@ -43,6 +47,13 @@ _NUMERIC_RULES: dict[str, tuple[type, bool, Callable[[Any], bool], str]] = {
     "encoder_no_repeat_ngram_size": (int, True, _at_least(0), "an integer >= 0"),
     "encoder_repetition_penalty": (float, True, lambda value: value > 0, "a number > 0"),
     "max_time": (float, True, lambda value: value > 0, "a number of seconds > 0"),
+    # Assisted generation: draft lengths and the early-exit layer count (checked against the model at request time).
+    "prompt_lookup_num_tokens": (int, True, lambda value: 1 <= value <= MAX_DRAFT_TOKENS,
+                                 f"an integer from 1 to {MAX_DRAFT_TOKENS}"),
+    "num_assistant_tokens": (int, False, lambda value: 1 <= value <= MAX_DRAFT_TOKENS,
+                             f"an integer from 1 to {MAX_DRAFT_TOKENS}"),
+    "max_matching_ngram_size": (int, True, lambda value: 1 <= value <= 16, "an integer from 1 to 16"),
+    "assistant_early_exit": (int, True, _at_least(1), "an integer >= 1"),
 }
 # Knob attributes HF never sets to None.
 _REQUIRED_KNOBS = ("min_length", "length_penalty")
@@ -181,6 +192,11 @@ def no_effect_issues(config: Any) -> dict[str, str]:
     elif config.num_beam_groups == 1:
         flag_non_neutral({"diversity_penalty": 0.0}, "`num_beam_groups` is 1 and it is only used by group "
                          "beam search")
+    if config.prompt_lookup_num_tokens is None:
+        flag_non_neutral({"max_matching_ngram_size": None}, "it is only used by prompt lookup decoding "
+                         "(`prompt_lookup_num_tokens`)")
+    else:
+        flag_non_neutral({"num_assistant_tokens": 20}, "prompt lookup drafts `prompt_lookup_num_tokens` tokens")
     if config.use_cache is False:
         flag_non_neutral(dict.fromkeys(("cache_implementation", "cache_config", "return_legacy_cache")),
                          "`use_cache` is False")

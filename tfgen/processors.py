@@ -29,7 +29,9 @@ class ProcessorContext(NamedTuple):
     sequences: int32 [B, L]. HF's `input_ids` == `sequences[:, start:start + cur_len]`; columns before `start`
         are extra left padding HF never sees, columns from `start + cur_len` on are unwritten (arbitrary ids).
     start: int32 scalar.
-    cur_len: int32 scalar, HF's `input_ids.shape[-1]` (the padded prompt plus the tokens generated so far).
+    cur_len: int32 scalar, HF's `input_ids.shape[-1]` (the padded prompt plus the tokens generated so far); or
+        int32 [B], one per row, where rows stand at different lengths (speculative decoding verifies several
+        positions of each row at once). User processors take a scalar only.
     prompt_len: int32 scalar, HF's `input_ids_seq_length` (the caller's padded prompt length).
     max_length: int32 [B], per-row HF `max_length` (prompt_len + that row's max_new_tokens).
     """
@@ -111,15 +113,22 @@ def _token_counts(token_ids: tf.Tensor, counted: tf.Tensor, vocab_size: int) -> 
     return tf.scatter_nd(tf.stack([rows, columns], axis=-1), tf.cast(counted, tf.int32), [batch_size, vocab_size])
 
 
+def _current_length(ctx: ProcessorContext) -> tf.Tensor:
+    """`ctx.cur_len` as a scalar, or as a column [B, 1] when it is per row: either broadcasts against [B, V]."""
+    cur_len = tf.convert_to_tensor(ctx.cur_len)
+    return tf.reshape(cur_len, [-1, 1]) if cur_len.shape.rank == 1 else cur_len
+
+
 def _visible(ctx: ProcessorContext) -> tf.Tensor:
-    """bool [L]: the buffer columns HF's `input_ids` holds."""
+    """bool [L] (or [B, L] with a per-row `cur_len`): the buffer columns HF's `input_ids` holds."""
     positions = tf.range(tf.shape(ctx.sequences)[1])
-    return (positions >= ctx.start) & (positions < ctx.start + ctx.cur_len)
+    return (positions >= ctx.start) & (positions < ctx.start + _current_length(ctx))
 
 
 def _buffer_columns(ctx: ProcessorContext, positions: tf.Tensor) -> tf.Tensor:
-    """sequences[:, positions], with positions before the buffer clamped to column 0 (callers mask those)."""
-    return tf.gather(ctx.sequences, tf.maximum(positions, 0), axis=1)
+    """sequences[:, positions] (positions [N], or [B, N] per row), with positions before the buffer clamped to column
+    0 (callers mask those)."""
+    return tf.gather(ctx.sequences, tf.maximum(positions, 0), axis=1, batch_dims=positions.shape.rank - 1)
 
 
 def _sequence_bias(ctx, sequences: tuple[tuple[int, ...], ...], biases: tf.Tensor, vocab_size: int) -> tf.Tensor:
@@ -131,10 +140,11 @@ def _sequence_bias(ctx, sequences: tuple[tuple[int, ...], ...], biases: tf.Tenso
     pattern = np.full([len(sequences), prefix_width], -1, np.int32)
     for index, sequence in enumerate(sequences):
         pattern[index, prefix_width - len(sequence) + 1 :] = sequence[:-1]
-    end = ctx.start + ctx.cur_len
+    cur_len = _current_length(ctx)
+    end = ctx.start + cur_len
     tail = _buffer_columns(ctx, end - prefix_width + tf.range(prefix_width))  # [B, prefix_width]
     matches = tf.reduce_all((tail[:, None, :] == pattern[None]) | (pattern < 0)[None], axis=-1)
-    fits = tf.constant([[len(sequence) for sequence in sequences]], tf.int32) <= ctx.cur_len
+    fits = tf.constant([[len(sequence) for sequence in sequences]], tf.int32) <= cur_len
     applied = tf.where(matches & fits, biases, 0.0)  # [B, S]
     batch_size = tf.shape(applied)[0]
     rows = tf.broadcast_to(tf.range(batch_size)[:, None], tf.shape(applied))
@@ -148,10 +158,10 @@ def _repeated_ngram_bans(ctx: ProcessorContext, ngram_size: int, vocab_size: int
     equal the last n-1 visible tokens."""
     window_starts = tf.range(tf.maximum(tf.shape(ctx.sequences)[1] - ngram_size + 1, 0))
     windows = tf.gather(ctx.sequences, window_starts[:, None] + tf.range(ngram_size)[None, :], axis=1)  # [B, W, n]
-    end = ctx.start + ctx.cur_len
-    inside = (window_starts >= ctx.start) & (window_starts + ngram_size <= end)
+    end = ctx.start + _current_length(ctx)
+    inside = (window_starts >= ctx.start) & (window_starts + ngram_size <= end)  # [W] or [B, W]
     last_tokens = _buffer_columns(ctx, end - (ngram_size - 1) + tf.range(ngram_size - 1))  # [B, n-1]
-    repeats = tf.reduce_all(windows[:, :, :-1] == last_tokens[:, None, :], axis=-1) & inside[None, :]
+    repeats = tf.reduce_all(windows[:, :, :-1] == last_tokens[:, None, :], axis=-1) & inside
     return _token_counts(windows[:, :, -1], repeats, vocab_size) > 0
 
 
@@ -217,7 +227,7 @@ def apply_processors(
     vocab_size = scores.shape[-1]
     if vocab_size is None:
         raise ValueError("scores must have a static vocabulary dimension")
-    cur_len = ctx.cur_len
+    cur_len = _current_length(ctx)
     eos_mask = lambda: _id_mask(read_knob(knobs, "eos_token_ids", tf.int32), vocab_size)[None, :]  # noqa: E731
 
     if spec.sequence_bias:
@@ -269,7 +279,7 @@ def apply_processors(
         scores = drop_tokens(scores, tf.equal(cur_len, begin_index) & suppressed)
 
     for index, processor in enumerate(user_processors):
-        scores = _user_processed(index, processor, ctx.sequences, scores, ctx.start + cur_len)
+        scores = _user_processed(index, processor, ctx.sequences, scores, ctx.start + ctx.cur_len)
 
     scores, candidates = apply_warpers(spec, scores, knobs)
     if spec.renormalize_logits:

@@ -56,12 +56,13 @@ def philox4x32(counter: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
 def uniform_per_row(row_seeds: tf.Tensor, step: tf.Tensor, stream: int = 0) -> tf.Tensor:
     """One uniform float32 in (0, 1) per row, keyed by the row's seed and folded with the step.
 
-    row_seeds: int32 `[batch, 2]` (the Philox key); step: int32 scalar (the counter), so each decode step of a
-    row draws a fresh number that depends on that row's seed and the step only — not on the batch.
+    row_seeds: int32 `[batch, 2]` (the Philox key); step: int32 scalar or `[batch]` (the counter: a row's number of
+    tokens chosen so far), so each decode step of a row draws a fresh number that depends on that row's seed and
+    the step only — not on the batch.
     stream: a static integer separating independent uses within one step. Returns float32 `[batch]`.
     """
     batch = tf.shape(row_seeds)[0]
-    step_column = tf.fill([batch], tf.cast(step, tf.int64))
+    step_column = tf.broadcast_to(tf.cast(step, tf.int64), [batch])
     stream_column = tf.fill([batch], tf.constant(stream, tf.int64))
     zeros = tf.zeros([batch], tf.int64)
     counter = tf.stack([step_column, stream_column, zeros, zeros], axis=-1)

@@ -20,6 +20,7 @@ from tfgen.input_checks import check_prompt, check_seed, pop_input_ids, resolve_
 from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
 from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec
+from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import strategy_for
 from tfgen.knobs import KNOBS
 from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
@@ -186,11 +187,13 @@ def decode_spec(
     processor_overrides: Optional[dict] = None,
     tokenizer=None,
     stopping_criteria: Sequence = (),
+    assistant_model=None,
 ) -> DecodeSpec:
     """The program key of `config`'s decoding in `mode` (`config.get_generation_mode()`, computed once by the
     caller: it may warn). `processor_overrides`: `ProcessorSpec` fields forced (an export
     forces the processors whose knobs it takes per request); batch and prompt width None: any (exports).
-    `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop."""
+    `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop;
+    `assistant_model` drafts for assisted generation (checked by the caller, `check_assisted`)."""
     refuse_unsupported(config)
     stop_strings = _stop_string_tables(config, tokenizer, vocab_size)
     stopping_criteria = check_user_criteria(stopping_criteria)
@@ -223,6 +226,8 @@ def decode_spec(
         stop_strings=stop_strings,
         stopping_criteria=stopping_criteria,
         stopping_criteria_ids=tuple(id(criterion) for criterion in stopping_criteria),
+        assistant=assistant_model if mode == GenerationMode.ASSISTED_GENERATION else None,
+        assistant_id=id(assistant_model) if mode == GenerationMode.ASSISTED_GENERATION else None,
     )
 
 
@@ -260,12 +265,15 @@ def prepare_request(
     vocab_size = int(model_config.vocab_size)
     input_ids = pop_input_ids(inputs, options)
     attention_mask = options.pop("attention_mask", None)
+    assistant_model = options.pop("assistant_model", None)
     user_criteria, criteria_options, tokenizer = split_stopping_criteria(
         stopping_criteria, base_config(model, generation_config), options, tokenizer
     )
     options.update(criteria_options)
     config, explicit_max_length = resolve_config(model, generation_config, options, stacklevel=stacklevel + 1)
-    mode = config.get_generation_mode()
+    mode = config.get_generation_mode(assistant_model)
+    if mode == GenerationMode.ASSISTED_GENERATION:
+        check_assisted(model, assistant_model, config, logits_processor)
     strategy = strategy_for(mode)
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
@@ -318,7 +326,7 @@ def prepare_request(
     spec = decode_spec(
         config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
         batch_size=padded_batch, prompt_width=padded_len, user_processors=logits_processor or (),
-        tokenizer=tokenizer, stopping_criteria=user_criteria,
+        tokenizer=tokenizer, stopping_criteria=user_criteria, assistant_model=assistant_model,
     )
     decode_inputs = DecodeInputs(
         input_ids=tf.constant(ids),

@@ -211,7 +211,7 @@ def tail_window(sequences: tf.Tensor, end_index: tf.Tensor, first_valid: tf.Tens
 
     Args:
         sequences: int `[B, L]` token buffer (static `L`).
-        end_index: int scalar tensor, the newest column to include (`0 <= end_index < L`).
+        end_index: int scalar tensor, the newest column to include (`0 <= end_index < L`), or int `[B]`, one per row.
         first_valid: int scalar (or `[B]`, one per row) tensor; columns before it, or before column 0, become -1.
         width: static window width, usually `tables.max_token_len`.
 
@@ -219,10 +219,14 @@ def tail_window(sequences: tf.Tensor, end_index: tf.Tensor, first_valid: tf.Tens
         int32 `[B, width]`.
     """
     sequences = tf.convert_to_tensor(sequences)
-    columns = tf.cast(end_index, tf.int32) - (width - 1) + tf.range(width, dtype=tf.int32)  # [width]
-    gathered = tf.gather(tf.cast(sequences, tf.int32), tf.maximum(columns, 0), axis=1)
+    end_index = tf.cast(end_index, tf.int32)
+    per_row = end_index.shape.rank == 1
+    if per_row:
+        end_index = end_index[:, tf.newaxis]
+    columns = end_index - (width - 1) + tf.range(width, dtype=tf.int32)  # [width] or [B, width]
+    gathered = tf.gather(tf.cast(sequences, tf.int32), tf.maximum(columns, 0), axis=1, batch_dims=int(per_row))
     first_valid = tf.reshape(tf.maximum(tf.cast(first_valid, tf.int32), 0), [-1, 1])  # [1 or B, 1]
-    return tf.where(columns[tf.newaxis, :] >= first_valid, gathered, -1)
+    return tf.where(columns >= first_valid, gathered, -1)
 
 
 def _checked_stop_strings(stop_strings) -> tuple[str, ...]:

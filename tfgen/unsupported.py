@@ -29,10 +29,13 @@ def _differs(default) -> Callable[[Any], bool]:
     return lambda value: value is not None and value != default
 
 
-_ASSISTED = "assisted generation is not supported yet (it only matters with an assistant model)"
+_ASSISTED = ("it belongs to universal assisted generation (an assistant with another tokenizer), which tfgen does not "
+             "support: the assistant must share the model's vocabulary")
+_FIXED_DRAFTS = ("tfgen drafts a fixed number of tokens per round (`num_assistant_tokens`), so that one compiled "
+                 "program serves every round")
 
 #: Options tfgen refuses when they ask for something (mode-selecting options such as `constraints`,
-#: `force_words_ids`, `dola_layers` and `prompt_lookup_num_tokens` are refused by `get_generation_mode`).
+#: `force_words_ids` and `dola_layers` are refused by `get_generation_mode`).
 REFUSED: dict[str, Refusal] = {
     "output_attentions": Refusal(_true, "the compiled loop does not return attention weights"),
     "output_hidden_states": Refusal(_true, "the compiled loop does not return hidden states"),
@@ -50,11 +53,9 @@ REFUSED: dict[str, Refusal] = {
         lambda value: value is not None and value > 0, "it applies to encoder-decoder models, which tfgen does not run yet"
     ),
     "decoder_start_token_id": Refusal(_not_none, "it applies to encoder-decoder models, which tfgen does not run yet"),
-    "is_assistant": Refusal(_true, _ASSISTED),
-    "num_assistant_tokens": Refusal(_differs(20), _ASSISTED),
-    "num_assistant_tokens_schedule": Refusal(_differs("constant"), _ASSISTED),
-    "assistant_confidence_threshold": Refusal(_differs(0.4), _ASSISTED),
-    "max_matching_ngram_size": Refusal(_not_none, _ASSISTED),
+    "is_assistant": Refusal(_true, "it marks a config as an assistant's own; pass the model as assistant_model="),
+    "num_assistant_tokens_schedule": Refusal(_differs("constant"), _FIXED_DRAFTS),
+    "assistant_confidence_threshold": Refusal(_differs(0.4), _FIXED_DRAFTS),
     "assistant_lookbehind": Refusal(_differs(10), _ASSISTED),
     "target_lookbehind": Refusal(_differs(10), _ASSISTED),
     "compile_config": Refusal(_not_none, "it configures torch.compile; tfgen compiles with XLA (generate's jit_compile=)"),

@@ -216,17 +216,18 @@ def softmax_limit(scores: tf.Tensor) -> tf.Tensor:
                     tf.where(positive_inf, 0.0, -np.inf), scores)
 
 
-def sample_from_scores(scores: tf.Tensor, row_seeds: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+def sample_from_scores(scores: tf.Tensor, row_seeds: tf.Tensor, step: tf.Tensor, stream: int = 0) -> tf.Tensor:
     """Draws one token per row from `softmax(scores)` by inverse CDF: int32 `[B]`.
 
     scores: float32 `[B, V]` (filtered entries are -inf). One uniform per row, keyed by the row's seed and the
-    step, so a row's draw does not depend on its neighbours. A zero-probability token is never returned:
+    step (int32 scalar, or `[B]` where rows stand at different steps) and `stream` (see `uniform_per_row`), so a
+    row's draw does not depend on its neighbours. A zero-probability token is never returned:
     the first index whose cumulative mass exceeds the target has positive mass by construction.
     """
     scores = softmax_limit(scores)
     probs = tf.nn.softmax(scores, axis=-1)
     cdf = tf.cumsum(probs, axis=-1)
-    target = uniform_per_row(row_seeds, step) * cdf[:, -1]
+    target = uniform_per_row(row_seeds, step, stream) * cdf[:, -1]
     index = tf.reduce_sum(tf.cast(cdf <= target[:, None], tf.int32), axis=-1)
     vocab = tf.shape(scores)[-1]
     # Rounding can leave the target at the very top of the CDF; fall back to the most likely token then.

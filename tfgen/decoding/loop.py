@@ -52,6 +52,9 @@ class DecodeSpec:
     stop_strings: Any = None
     stopping_criteria: tuple = dataclasses.field(default=(), compare=False, repr=False)
     stopping_criteria_ids: tuple = ()
+    #: The assistant model of assisted generation (compared by identity, `assistant_id`), or None.
+    assistant: Any = dataclasses.field(default=None, compare=False, repr=False)
+    assistant_id: Optional[int] = None
 
     def option(self, name: str, default: Any = None) -> Any:
         """The strategy option `name` (see `options`)."""

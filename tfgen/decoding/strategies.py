@@ -17,6 +17,7 @@ from tfgen.decoding.contrastive import ContrastiveSearchLoop, contrastive_knobs,
 from tfgen.decoding.group_beam import GroupBeamSearchLoop, group_beam_knobs, group_beam_options
 from tfgen.decoding.loop import DecodeSpec, DecodingLoop
 from tfgen.decoding.sampling import GreedyOrSampleLoop
+from tfgen.decoding.speculative import SpeculativeLoop, assisted_options
 
 
 def _beams(config: GenerationConfig) -> int:
@@ -66,6 +67,9 @@ STRATEGIES: dict[GenerationMode, Strategy] = {
     GenerationMode.CONTRASTIVE_SEARCH: Strategy(
         ContrastiveSearchLoop, contrastive_options, contrastive_knobs,
         cache_rows_per_prompt=lambda config: int(config.top_k),
+    ),
+    GenerationMode.ASSISTED_GENERATION: Strategy(
+        SpeculativeLoop, assisted_options, host_expands_return_sequences=True
     ),
 }
 

@@ -11,6 +11,7 @@ from tfgen.config import GenerationConfig
 from tfgen.generation import TFGenerationMixin
 from tfgen.keras_hub.styles import DecoderStyle
 from tfgen.models.attention import attention_masks
+from tfgen.models.layers import query_slots
 from tfgen.models.protocol import CacheStepOutput
 
 
@@ -79,25 +80,25 @@ class KerasHubCausalLM(TFGenerationMixin):
         return tuple((tf.zeros(shape, dtype), tf.zeros(shape, dtype)) for _ in range(self.style.num_layers()))
 
     def call_with_cache(self, input_ids, cache, cache_index, attention_mask, position_ids, last_logits_only=False,
-                        compute_logits=True) -> CacheStepOutput:
+                        compute_logits=True, layers=None) -> CacheStepOutput:
         """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.models.protocol`);
         attention_mask `[B, max_length]` over the whole buffer, position_ids int `[B, T]`. Returns
         `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
-        `compute_logits=False` the LM head is skipped and `logits` is None."""
+        `compute_logits=False` the LM head is skipped and `logits` is None; `layers` runs only the first that many
+        decoder layers (early exit; the others' caches pass through). `cache_index` may be int32 `[B]`."""
         style = self.style
         if len(cache) != style.num_layers():
             raise ValueError(f"cache has {len(cache)} layers, the model has {style.num_layers()}")
         input_ids, position_ids = tf.cast(input_ids, tf.int32), tf.cast(position_ids, tf.int32)
         cache_index = tf.cast(cache_index, tf.int32)
-        query_index = cache_index + tf.range(tf.shape(input_ids)[1])
+        query_index = query_slots(cache_index, tf.shape(input_ids)[1])
         windows = {style.layer_window(index) for index in range(style.num_layers())}
         masks = {window: attention_masks(query_index, attention_mask, window, cache_index) for window in windows}
         x = style.embed(input_ids, position_ids)
-        new_cache = []
-        for index, layer_cache in enumerate(cache):
-            x, layer_cache = style.layer(index, x, position_ids, masks[style.layer_window(index)], layer_cache,
-                                         cache_index)
-            new_cache.append(layer_cache)
+        new_cache = list(cache)
+        for index, layer_cache in enumerate(cache[:layers]):
+            x, new_cache[index] = style.layer(index, x, position_ids, masks[style.layer_window(index)], layer_cache,
+                                              cache_index)
         hidden = style.final_norm(x)
         if not compute_logits:
             return CacheStepOutput(None, hidden, tuple(new_cache))

@@ -14,18 +14,22 @@ from tfgen.models.layers import attention_allowed, dropout, write_slots
 def attention_masks(query_index, key_mask, window, cache_index):
     """What a layer with sliding `window` (or None) may attend.
 
-    query_index: int32 `[T]`, the new tokens' buffer slots; key_mask `[B, S]` (nonzero = a real token).
+    query_index: int32 `[T]` (or `[B, T]`, see `query_slots`), the new tokens' buffer slots; key_mask `[B, S]`
+    (nonzero = a real token); cache_index: int32 scalar or `[B]`, the first new slot.
     Without a cache (`cache_index` None): bool `[B, 1, T, S]` over the call's own keys. With one: a pair
     (`[B, 1, T, L]` over the cache's earlier slots, or None when `cache_index` is a constant 0; `[B, 1, T, T]` over the
     new tokens), as `grouped_attention` takes it."""
     if cache_index is None:
         return attention_allowed(query_index, key_mask, window)
-    new = attention_allowed(query_index, tf.gather(key_mask, query_index, axis=1), window, key_index=query_index)
-    if tf.get_static_value(cache_index) == 0:
+    per_row = query_index.shape.rank == 2
+    new_key_mask = tf.gather(key_mask, query_index, axis=1, batch_dims=1 if per_row else 0)
+    new = attention_allowed(query_index, new_key_mask, window, key_index=query_index)
+    if cache_index.shape.rank == 0 and tf.get_static_value(cache_index) == 0:
         # A prefill: no earlier slots. Leaving them out also keeps XLA from folding an all-false [T, L] mask
         # into constants, which took it minutes to compile a 2k-token prefill.
         return None, new
-    earlier = tf.cast(key_mask, tf.bool) & (tf.range(tf.shape(key_mask)[1]) < cache_index)
+    before = tf.range(tf.shape(key_mask)[1]) < (cache_index[:, tf.newaxis] if per_row else cache_index)
+    earlier = tf.cast(key_mask, tf.bool) & before
     return attention_allowed(query_index, earlier, window), new
 
 

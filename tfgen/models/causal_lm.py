@@ -94,17 +94,20 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         last_logits_only=False,
         compute_logits=True,
         head_transposed=None,
+        layers=None,
     ) -> CacheStepOutput:
         """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.models.protocol`).
         attention_mask: `[B, max_length]` over the whole buffer; position_ids int `[B, T]`. Returns
         `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
         `compute_logits=False` the LM head is skipped and `logits` is None (see `logits_from_hidden`).
-        head_transposed: the transposed head copy of a decoding view (see `decoding_view`), None for the stored one."""
+        head_transposed: the transposed head copy of a decoding view (see `decoding_view`), None for the stored one.
+        layers: run only the first `layers` decoder layers, then the final norm and the head (early exit: the
+        other layers' caches pass through unchanged); None runs them all. `cache_index` may be int32 `[B]`."""
         if len(cache) != self.config.num_hidden_layers:
             raise ValueError(f"cache has {len(cache)} layers, the model has {self.config.num_hidden_layers}")
         hidden, cache = self._cached_forward(
             tf.cast(input_ids, tf.int32), cache, tf.cast(cache_index, tf.int32), attention_mask,
-            tf.cast(position_ids, tf.int32),
+            tf.cast(position_ids, tf.int32), layers,
         )
         if not compute_logits:
             return CacheStepOutput(None, hidden, cache)

@@ -23,6 +23,7 @@ from tfgen.models.layers import (
     dense,
     dropout,
     layer_norm,
+    query_slots,
     write_slots,
 )
 from tfgen.models.gpt2_config import GPT2Config
@@ -117,17 +118,17 @@ class GPT2LMHeadModel(KerasCausalLM):
 
     # ----------------------------------------------------------------------------------------- forward
 
-    def _forward(self, input_ids, position_ids, attention_allowed, cache, cache_index, training):
-        """Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or None)."""
+    def _forward(self, input_ids, position_ids, attention_allowed, cache, cache_index, training, layers=None):
+        """Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or None); `layers`: run
+        only the first that many blocks (early exit; the other blocks' caches pass through)."""
         embeddings = tf.gather(self.wte, input_ids) + tf.gather(self.wpe, position_ids)
         x = dropout(tf.cast(embeddings, self.compute_dtype), self.config.embd_pdrop, training, self.seed_generator)
         layer_caches = [None] * len(self.blocks) if cache is None else cache
-        new_caches = []
-        for block, layer_cache in zip(self.blocks, layer_caches):
-            x, layer_cache = block.forward(
-                x, attention_allowed, layer_cache, cache_index, training, self.seed_generator
+        new_caches = list(layer_caches)
+        for index, block in enumerate(self.blocks[:layers]):
+            x, new_caches[index] = block.forward(
+                x, attention_allowed, layer_caches[index], cache_index, training, self.seed_generator
             )
-            new_caches.append(layer_cache)
         hidden = layer_norm(x, *self.ln_f, self.config.layer_norm_epsilon)
         return hidden, None if cache is None else tuple(new_caches)
 
@@ -137,10 +138,10 @@ class GPT2LMHeadModel(KerasCausalLM):
         hidden, _ = self._forward(input_ids, position_ids, allowed, None, None, training)
         return hidden
 
-    def _cached_forward(self, input_ids, cache, cache_index, attention_mask, position_ids):
+    def _cached_forward(self, input_ids, cache, cache_index, attention_mask, position_ids, layers=None):
         """(hidden states `[B, T, D]`, updated cache) of `call_with_cache` (see `KerasCausalLM`)."""
-        allowed = attention_allowed(cache_index + tf.range(tf.shape(input_ids)[1]), attention_mask)
-        return self._forward(input_ids, position_ids, allowed, cache, cache_index, False)
+        allowed = attention_allowed(query_slots(cache_index, tf.shape(input_ids)[1]), attention_mask)
+        return self._forward(input_ids, position_ids, allowed, cache, cache_index, False, layers)
 
     # ------------------------------------------------------------------------------------- HF weights
 

@@ -39,22 +39,38 @@ def positions_from_mask(attention_mask: tf.Tensor) -> tf.Tensor:
 def attention_allowed(
     query_index: tf.Tensor, key_mask: tf.Tensor, window: int | None = None, key_index: tf.Tensor | None = None
 ) -> tf.Tensor:
-    """bool `[B, 1, T, S]`: the query at buffer index `query_index[t]` (int32 `[T]`) may attend the key at buffer
-    index `key_index[s]` (int32 `[S]`, default `range(S)`: the whole buffer) iff `key_index[s] <= query_index[t]` and
-    `key_mask[b, s]` (any dtype `[B, S]`, nonzero = real token) and, with a sliding `window`,
-    `key_index[s] > query_index[t] - window` (the query and the `window - 1` slots before it)."""
+    """bool `[B, 1, T, S]`: the query at buffer index `query_index[t]` (int32 `[T]`, or `[B, T]` when rows sit at
+    different slots) may attend the key at buffer index `key_index[s]` (int32 `[S]` or `[B, S]`, default `range(S)`:
+    the whole buffer) iff `key_index[s] <= query_index[t]` and `key_mask[b, s]` (any dtype `[B, S]`, nonzero = real
+    token) and, with a sliding `window`, `key_index[s] > query_index[t] - window` (the query and the `window - 1`
+    slots before it)."""
     if key_index is None:
         key_index = tf.range(tf.shape(key_mask)[1])
-    causal = key_index[tf.newaxis, :] <= query_index[:, tf.newaxis]
+    queries = tf.expand_dims(query_index, -1)  # [T, 1] or [B, T, 1]
+    keys = tf.expand_dims(key_index, -2)  # [1, S] or [B, 1, S]
+    causal = keys <= queries
     if window is not None:
         # Buffer slots, not position ids, as HF 4.55 counts the window (cache positions, left padding included).
-        causal &= key_index[tf.newaxis, :] > query_index[:, tf.newaxis] - window
-    return causal[tf.newaxis, tf.newaxis] & tf.cast(key_mask, tf.bool)[:, tf.newaxis, tf.newaxis, :]
+        causal &= keys > queries - window
+    if causal.shape.rank == 2:
+        causal = causal[tf.newaxis]
+    return causal[:, tf.newaxis] & tf.cast(key_mask, tf.bool)[:, tf.newaxis, tf.newaxis, :]
+
+
+def query_slots(cache_index: tf.Tensor, length) -> tf.Tensor:
+    """The buffer slots of a call's `length` tokens written from `cache_index`: int32 `[T]` for a scalar index (every
+    row at the same slots), `[B, T]` for a per-row index `[B]` (speculative decoding advances rows unevenly)."""
+    if cache_index.shape.rank == 1:
+        return cache_index[:, tf.newaxis] + tf.range(length)[tf.newaxis]
+    return cache_index + tf.range(length)
 
 
 def write_slots(buffer: tf.Tensor, update: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
-    """`buffer` `[B, H, L, Dh]` with `update` `[B, H, T, Dh]` written at slots `[start, start + T)`."""
+    """`buffer` `[B, H, L, Dh]` with `update` `[B, H, T, Dh]` written at slots `[start, start + T)`; `start` is an
+    int32 scalar, or `[B]` for a slot per row. The caller keeps every write inside the buffer."""
     update = tf.cast(update, buffer.dtype)
+    if start.shape.rank == 1:
+        return _write_row_slots(buffer, update, start)
     if update.shape[2] is not None:
         return dynamic_update_slice(buffer, update, tf.stack([0, 0, start, 0]))
     # T unknown when traced: under XLA it may be a bounded dynamic size (tokens sliced at a traced
@@ -64,6 +80,21 @@ def write_slots(buffer: tf.Tensor, update: tf.Tensor, start: tf.Tensor) -> tf.Te
     written = (offsets >= 0) & (offsets < length)
     gathered = tf.gather(update, tf.clip_by_value(offsets, 0, length - 1), axis=2)
     return tf.where(written[:, tf.newaxis], gathered, buffer)
+
+
+def _write_row_slots(buffer: tf.Tensor, update: tf.Tensor, starts: tf.Tensor) -> tf.Tensor:
+    """`write_slots` with one start slot per row, `starts` int32 `[B]`."""
+    rows, length = buffer.shape[0], update.shape[2]
+    if rows is not None and length is not None and rows <= 32:
+        # One in-place slice write per row: each touches T slots, where a select rewrites the whole buffer.
+        for row in range(rows):
+            buffer = dynamic_update_slice(buffer, update[row:row + 1], tf.stack([row, 0, starts[row], 0]))
+        return buffer
+    length = tf.shape(update)[2]
+    offsets = tf.range(tf.shape(buffer)[2])[tf.newaxis] - starts[:, tf.newaxis]  # [B, L]
+    written = (offsets >= 0) & (offsets < length)
+    gathered = tf.gather(update, tf.clip_by_value(offsets, 0, length - 1), axis=2, batch_dims=1)  # [B, H, L, Dh]
+    return tf.where(written[:, tf.newaxis, :, tf.newaxis], gathered, buffer)
 
 
 def layer_norm(x: tf.Tensor, gamma, beta, epsilon: float) -> tf.Tensor:

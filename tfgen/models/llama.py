@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tfgen.models.attention import attention_masks, grouped_attention
 from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
-from tfgen.models.layers import ACTIVATIONS, apply_rotary, dense, rms_norm, rotary_cos_sin
+from tfgen.models.layers import ACTIVATIONS, apply_rotary, dense, query_slots, rms_norm, rotary_cos_sin
 from tfgen.models.llama_config import LlamaConfig
 
 __all__ = ["CausalLMOutput", "LlamaConfig", "LlamaDecoderLayer", "LlamaForCausalLM"]
@@ -171,9 +171,11 @@ class LlamaForCausalLM(KerasCausalLM):
 
     # ----------------------------------------------------------------------------------------- forward
 
-    def _forward(self, input_ids, position_ids, query_index, key_mask, cache, cache_index, training):
-        """input_ids / position_ids int32 `[B, T]`; query_index int32 `[T]` (the tokens' buffer slots); key_mask
-        `[B, S]`. Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or None)."""
+    def _forward(self, input_ids, position_ids, query_index, key_mask, cache, cache_index, training, layers=None):
+        """input_ids / position_ids int32 `[B, T]`; query_index int32 `[T]` or `[B, T]` (the tokens' buffer slots);
+        key_mask `[B, S]`; `layers`: run only the first that many decoder layers (early exit; the other layers'
+        caches pass through). Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or
+        None)."""
         # The embedding is stored [D, vocab]: gather columns, then put the hidden axis last.
         x = tf.transpose(tf.gather(self.embed_tokens, input_ids, axis=1), [1, 2, 0])
         x = tf.cast(x, self.compute_dtype)
@@ -181,12 +183,11 @@ class LlamaForCausalLM(KerasCausalLM):
         masks = {window: attention_masks(query_index, key_mask, window, cache_index)
                  for window in set(self.config.layer_windows)}
         layer_caches = [None] * len(self.decoder_layers) if cache is None else cache
-        new_caches = []
-        for layer, layer_cache in zip(self.decoder_layers, layer_caches):
-            x, layer_cache = layer.forward(
-                x, cos, sin, masks[layer.window], layer_cache, cache_index, training, self.seed_generator
+        new_caches = list(layer_caches)
+        for index, layer in enumerate(self.decoder_layers[:layers]):
+            x, new_caches[index] = layer.forward(
+                x, cos, sin, masks[layer.window], layer_caches[index], cache_index, training, self.seed_generator
             )
-            new_caches.append(layer_cache)
         hidden = rms_norm(x, self.norm, self.config.rms_norm_eps)
         return hidden, None if cache is None else tuple(new_caches)
 
@@ -196,11 +197,11 @@ class LlamaForCausalLM(KerasCausalLM):
         hidden, _ = self._forward(input_ids, position_ids, query_index, attention_mask, None, None, training)
         return hidden
 
-    def _cached_forward(self, input_ids, cache, cache_index, attention_mask, position_ids):
+    def _cached_forward(self, input_ids, cache, cache_index, attention_mask, position_ids, layers=None):
         """(hidden states `[B, T, D]`, updated cache) of `call_with_cache` (see `KerasCausalLM`); the cache is a tuple
         over layers of (keys, values), each `[B, num_key_value_heads, max_length, head_dim]`."""
-        query_index = cache_index + tf.range(tf.shape(input_ids)[1])
-        return self._forward(input_ids, position_ids, query_index, attention_mask, cache, cache_index, False)
+        query_index = query_slots(cache_index, tf.shape(input_ids)[1])
+        return self._forward(input_ids, position_ids, query_index, attention_mask, cache, cache_index, False, layers)
 
     # ------------------------------------------------------------------------------------- HF weights
 
