@@ -102,3 +102,15 @@ def test_left_padding_and_batching_change_no_row(padded_family_model):
         greedy[0], np.asarray(model.generate(alone, attention_mask=np.ones_like(alone), **options))[0, -NEW_TOKENS:])
     assert not np.array_equal(greedy[0], greedy[1])
     assert not np.array_equal(greedy, sampled)
+
+
+def test_speculative_decoding_keeps_greedy_tokens(padded_family_model):
+    """Prompt lookup and early-exit drafting through the adapter (each row at its own cache slots in keras-hub's
+    layers, a sliding window for Mistral) give plain greedy's tokens, in the programs' width of the test above."""
+    _, _, model = padded_family_model
+    ids, mask = left_padded_batch([PROMPT + PROMPT[:5], OTHER])
+    ids, mask = (np.pad(a, [(0, 0), (20 - a.shape[1], 0)]) for a in (ids, mask))
+    options = dict(max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    plain = np.asarray(model.generate(ids, attention_mask=mask, **options))
+    for drafter in (dict(prompt_lookup_num_tokens=3), dict(assistant_early_exit=1, num_assistant_tokens=2)):
+        np.testing.assert_array_equal(np.asarray(model.generate(ids, attention_mask=mask, **drafter, **options)), plain)

@@ -264,17 +264,24 @@ def assisted_options(config) -> dict:
 
 
 def check_assisted(model, assistant_model, config, user_processors) -> None:
-    """Refuses, before anything compiles, an assisted-generation request tfgen cannot run exactly: two drafters,
+    """Refuses, before anything compiles, an assisted-generation request tfgen cannot run exactly: a model (or
+    assistant) whose `call_with_cache` does not take a per-row `cache_index`, two drafters,
     an assistant that does not follow the model protocol or has another vocabulary, an early exit at or past the
     model's last layer (or on a model without early exit), and user logits processors (they take one `cur_len`
     for the whole batch, and speculative rows stand at different lengths)."""
+    if assistant_model is not None and not all(
+            callable(getattr(assistant_model, name, None)) for name in ("init_cache", "call_with_cache")):
+        raise TypeError("assistant_model must be a tfgen causal LM (init_cache / call_with_cache), got "
+                        f"{type(assistant_model).__name__}")
+    for name, net in (("model", model), ("assistant_model", assistant_model)):
+        if net is not None and not getattr(net, "row_cache_index", False):
+            raise ValueError(f"{name}: {type(net).__name__} does not declare `row_cache_index = True` (a "
+                             "call_with_cache taking one cache slot per row, `tfgen.models.protocol`), which assisted "
+                             "generation needs.")
     if assistant_model is not None:
         chosen = [name for name in ("prompt_lookup_num_tokens", "assistant_early_exit") if getattr(config, name) is not None]
         if chosen:
             raise ValueError(f"assistant_model: choose one drafter; {chosen[0]} is set too.")
-        if not all(callable(getattr(assistant_model, name, None)) for name in ("init_cache", "call_with_cache")):
-            raise TypeError("assistant_model must be a tfgen causal LM (init_cache / call_with_cache), got "
-                            f"{type(assistant_model).__name__}")
         ours, theirs = int(model.config.vocab_size), int(assistant_model.config.vocab_size)
         if ours != theirs:
             raise ValueError(f"assistant_model: its vocabulary has {theirs} tokens, the model's {ours}; the assistant "

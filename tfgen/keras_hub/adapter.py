@@ -50,6 +50,9 @@ class KerasHubCausalLM(TFGenerationMixin):
     `tokenizer` (a `tfgen.keras_hub.KerasHubTokenizer` over the preprocessor's tokenizer, or None).
     """
 
+    #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.models.protocol`).
+    row_cache_index = True
+
     def __init__(self, causal_lm, style: DecoderStyle, config: KerasHubConfig, generation_config: GenerationConfig,
                  tokenizer=None):
         self.causal_lm = causal_lm

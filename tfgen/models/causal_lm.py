@@ -34,6 +34,8 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
     is a tuple over layers of (keys, values) (`init_cache`)."""
 
     config_class: type
+    #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.models.protocol`).
+    row_cache_index = True
     # Whether `lm_head` is stored `[vocab, D]` (True) or `[D, vocab]` (False); a decoding view uses the other layout.
     lm_head_vocab_major: bool
 

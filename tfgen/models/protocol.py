@@ -18,8 +18,15 @@ of rows its steps run (None when unknown): the model may return a stand-in that 
 run (GPT-2 transposes its LM head for multi-row steps, where XLA's CPU dot reads the `[vocab, D]` layout at
 about half speed).
 
+Optional: `row_cache_index = True` (a class attribute) declares that `call_with_cache` takes `cache_index` as int32
+`[batch]` too, one first slot per row; assisted generation (speculative decoding) needs it.
+
+Optional: a `layers=L` keyword of `call_with_cache` that runs only the first `L` decoder layers, the final norm and
+the head, passing the other layers' caches through (`assistant_early_exit`, speculative decoding's self-drafting).
+
 Buffer coordinates: the cache has `max_length` slots. Slot `i` holds the keys/values of the token at
-buffer index `i`. A call writes the `T` tokens it is given into slots `[cache_index, cache_index + T)`.
+buffer index `i`. A call writes the `T` tokens it is given into slots `[cache_index, cache_index + T)` (per row when
+`cache_index` is a vector).
 A query at buffer index `q` attends to slot `k` iff `k <= q` and `attention_mask[:, k] == 1`.
 """
 
@@ -75,6 +82,7 @@ class CausalLMProtocol(Protocol):
 
         attention_mask: int32 `[batch, max_length]` over the whole cache buffer (1 = a real token whose
             slot may be attended to). position_ids: int32 `[batch, T]` position of each new token.
-        cache_index: int32 scalar tensor. Returns `CacheStepOutput`.
+        cache_index: int32 scalar tensor, or int32 `[batch]` (each row's own first slot; speculative decoding moves
+            rows unevenly). Returns `CacheStepOutput`.
         """
         ...
