@@ -59,6 +59,42 @@ def test_bad_option_is_one_clear_line(model_dir, capsys):
     assert err.startswith("tfgen: error:") and "temperature" in err and "Traceback" not in err
 
 
+def test_prompt_lookup_streams_the_greedy_text(model_dir, tiny_model, capsys, monkeypatch):
+    from tfgen.decoding.speculative import SpeculativeLoop
+
+    drafts = []  # the draft length of every speculative loop built (the CLI's model is its own, so it traces)
+    real_init = SpeculativeLoop.__init__
+
+    def recording_init(self, model, spec):
+        real_init(self, model, spec)
+        drafts.append(self.k)
+
+    monkeypatch.setattr(SpeculativeLoop, "__init__", recording_init)
+    prompt = "w5 w17 w33 w5 w17 w33 w5"
+    assert main(["generate", "--model", model_dir, prompt, "--max-new-tokens", "8", "--greedy", "--prompt-lookup", "3",
+                 "--max-matching-ngram-size", "3"]) == 0
+    assert drafts and set(drafts) == {3}
+    tokenizer = word_level_tokenizer()
+    greedy = tiny_model.generate(np.array([tokenizer.encode(prompt)]), max_new_tokens=8, do_sample=False,
+                                 jit_compile=False)
+    assert capsys.readouterr().out.strip() == tokenizer.decode(greedy[0].numpy(), skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--prompt-lookup", "0"], "--prompt-lookup: `prompt_lookup_num_tokens` must be an integer from 1 to"),
+    (["--prompt-lookup", "3", "--max-matching-ngram-size", "17"], "--max-matching-ngram-size: `max_matching_ngram"),
+    (["--max-matching-ngram-size", "2"], "--max-matching-ngram-size needs --prompt-lookup"),
+    (["--num-assistant-tokens", "5"], "--num-assistant-tokens needs --assistant-early-exit"),
+    (["--assistant-early-exit", "0"], "--assistant-early-exit: `assistant_early_exit` must be"),
+    (["--prompt-lookup", "3", "--assistant-early-exit", "1"], "choose one drafter"),
+], ids=["zero_drafts", "huge_ngram", "ngram_alone", "drafts_alone", "zero_layers", "two_drafters"])
+def test_drafting_flags_are_checked_before_the_model_loads(tmp_path, capsys, options, message):
+    missing_model = str(tmp_path / "no-such-model")  # never looked at: the flags are checked first
+    assert main(["generate", "--model", missing_model, "w5"] + options) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tfgen: error:") and message in err, err
+
+
 def test_console_script_runs(model_dir):
     script = shutil.which("tfgen") or [sys.executable, "-m", "tfgen.cli"]
     command = ([script] if isinstance(script, str) else script) + [
@@ -279,12 +315,14 @@ def test_arguments_that_are_not_utf8_are_one_clear_line(capsys, argv, named):
 
 
 @pytest.mark.parametrize("option, value", [("--num-beams", "1000000"), ("--num-beams", "1"),
-                                           ("--contrastive-top-k", "0"), ("--max-new-tokens", "-1")])
+                                           ("--contrastive-top-k", "0"), ("--max-new-tokens", "-1"),
+                                           ("--prompt-lookup", "0"), ("--max-matching-ngram-size", "17")])
 def test_export_refuses_sizes_out_of_range_before_loading_the_model(tmp_path, capsys, option, value):
     missing_model = str(tmp_path / "no-such-model")  # never looked at: the range check answers first
     assert main(["export", str(tmp_path / "out"), "--model", missing_model, option, value]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{option} must be in" in err and "no-such-model" not in err
+    assert err.count("\n") == 1 and err.startswith(f"tfgen: error: {option}") and "must be" in err
+    assert "no-such-model" not in err
     assert not (tmp_path / "out").exists()
 
 

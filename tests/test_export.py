@@ -42,6 +42,10 @@ SAMPLING_OPTIONS = {"do_sample": True, "top_k": 8, "temperature": 0.9}
 BEAM_ROWS = {"length_penalty": [1.0, 0.5, 2.0], "max_new_tokens": [MAX_NEW_TOKENS, MAX_NEW_TOKENS, 5]}
 CONTRASTIVE_ROWS = {"penalty_alpha": [0.5, 0.25, 0.75], "max_new_tokens": [MAX_NEW_TOKENS, 6, MAX_NEW_TOKENS]}
 EXPORTED_NUM_BEAMS, EXPORTED_TOP_K = 3, 4
+# Draft tokens of the prompt_lookup signature (its n-gram size stays the default, 2); budgets: one that a round can
+# overshoot, the full one (row 1 stops at its extra eos first), none.
+EXPORTED_DRAFT_TOKENS = 3
+PROMPT_LOOKUP_BUDGETS = [5, MAX_NEW_TOKENS, 0]
 TEXTS = ["the quick brown", "lazy dog", "over the fox jumps"]
 _WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
 
@@ -70,6 +74,7 @@ def requests() -> dict:
         "sample": {**prompt, **SAMPLE_ROWS},
         "beam_search": {**prompt, **BEAM_ROWS},
         "contrastive": {**prompt, **CONTRASTIVE_ROWS},
+        "prompt_lookup": {**prompt, "max_new_tokens": PROMPT_LOOKUP_BUDGETS},
         "generate_text": {"text": TEXTS},
     }
 
@@ -110,7 +115,9 @@ def _export_tiny_model(tmp_path_factory, tiny_model) -> Exports:
     sampling_config.update(**SAMPLING_OPTIONS)
     tokenizer = bpe_tokenizer()
     root = tmp_path_factory.mktemp("exports")
-    choices = dict(num_beams=EXPORTED_NUM_BEAMS, contrastive_top_k=EXPORTED_TOP_K)
+    choices = dict(num_beams=EXPORTED_NUM_BEAMS, contrastive_top_k=EXPORTED_TOP_K,
+                   prompt_lookup_num_tokens=EXPORTED_DRAFT_TOKENS)
+    # prompt_lookup only in the portable export: compiling it in the XLA one would add about 20 s to these tests.
     jit = export_saved_model(tiny_model, root / "jit", greedy_config, max_new_tokens=MAX_NEW_TOKENS,
                              signatures=["serving_default", "greedy", "beam_search", "contrastive"], **choices)
     portable = export_saved_model(tiny_model, root / "portable", sampling_config, max_new_tokens=MAX_NEW_TOKENS,
@@ -302,14 +309,19 @@ def test_signature_defs_leave_batch_and_prompt_length_open(exports):
     assert layout(signature_defs["contrastive"].inputs) == {
         **prompt, "penalty_alpha": (float32, [-1]), "max_new_tokens": (int32, [-1]),
     }
+    assert layout(signature_defs["prompt_lookup"].inputs) == {**prompt, "max_new_tokens": (int32, [-1])}
     for name in ("serving_default", "greedy", "sample", "contrastive"):
         assert layout(signature_defs[name].outputs) == outputs
+    assert layout(signature_defs["prompt_lookup"].outputs) == {
+        **outputs, "draft_accepted": (int32, [-1]), "draft_rounds": (int32, [-1]),
+    }
     assert layout(signature_defs["beam_search"].outputs) == {**outputs, "sequences_scores": (float32, [-1])}
     assert layout(signature_defs["generate_text"].inputs) == {"text": (string, [-1])}
     assert layout(signature_defs["generate_text"].outputs) == {"text": (string, [-1])}
     info = json.loads(open(os.path.join(exports.portable, "assets.extra", "tfgen_export.json")).read())
     assert info["max_new_tokens"] == MAX_NEW_TOKENS and info["jit_compile"] is False
     assert (info["num_beams"], info["contrastive_top_k"]) == (EXPORTED_NUM_BEAMS, EXPORTED_TOP_K)
+    assert (info["prompt_lookup_num_tokens"], info["max_matching_ngram_size"]) == (EXPORTED_DRAFT_TOKENS, 2)
     assert set(info["signatures"]) == set(SIGNATURES)
 
 
@@ -383,6 +395,20 @@ def test_beam_and_contrastive_signatures_match_generate_row_by_row(isolated, ref
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loader", LOADERS)
+def test_prompt_lookup_signature_gives_greedy_tokens(portable_results, references, exports, loader):
+    width = len(requests()["prompt_lookup"]["input_ids"][0])
+    expected, lengths = within_budget(references["greedy"], width, PROMPT_LOOKUP_BUDGETS, exports.eos_token_ids, 0)
+    result = portable_results[loader]["prompt_lookup"]
+    assert result["sequences"] == expected.tolist()
+    assert result["sequence_lengths"] == lengths
+    # Each round keeps its accepted drafts and one token of the model's; the first token comes from the prefill.
+    for new_tokens, accepted, rounds in zip(np.array(lengths) - width, result["draft_accepted"],
+                                            result["draft_rounds"]):
+        assert (1 + rounds <= new_tokens <= 1 + rounds + accepted) if new_tokens else (accepted, rounds) == (0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", LOADERS)
 def test_text_signature_matches_python_tokenization_and_generate(portable_results, exports, tiny_model, loader):
     results = portable_results[loader]["generate_text"]
     expected = text_reference(tiny_model, exports.tokenizer, exports.eos_token_ids)
@@ -419,6 +445,9 @@ def test_default_row_seeds_depend_on_the_prompt_only():
          "cannot be exported yet"),
         ({"num_beams": 1}, ValueError, "num_beams"),
         ({"contrastive_top_k": 1}, ValueError, "contrastive_top_k"),
+        ({"prompt_lookup_num_tokens": 0}, ValueError, "prompt_lookup_num_tokens"),
+        ({"max_matching_ngram_size": 17}, ValueError, "max_matching_ngram_size"),
+        ({"generation_config": {"assistant_early_exit": 1}}, ValueError, "cannot be exported yet"),
         ({"generation_config": {"do_sample": True, "num_return_sequences": 2}}, ValueError, "num_return_sequences"),
         ({"tokenizer": "word_level"}, ValueError, "byte-level BPE"),
     ],
@@ -436,6 +465,24 @@ def test_export_arguments_are_checked_before_anything_is_written(tiny_model, tmp
     with pytest.raises(error, match=match):
         export_saved_model(tiny_model, tmp_path / "out", **arguments)
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
+def test_prompt_lookup_needs_a_model_with_a_row_cache_index(tiny_model, tmp_path):
+    class OneSlotForAllRows:
+        """The tiny model, not declaring a per-row cache index (a protocol model with a scalar one only)."""
+
+        row_cache_index = False
+
+        def __init__(self, model):
+            self.model = model
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+    with pytest.raises(ValueError, match="row_cache_index"):
+        export_saved_model(OneSlotForAllRows(tiny_model), tmp_path / "out", max_new_tokens=2,
+                           signatures=["greedy", "prompt_lookup"])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

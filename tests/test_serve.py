@@ -148,6 +148,25 @@ def test_text_routes_match_python_tokenization_and_generate(server, expected):
     assert (code, answer) == (200, {"predictions": expected["text"]})
 
 
+def test_prompt_lookup_signature_answers_greedy_tokens(server, expected):
+    body = {"signature_name": "prompt_lookup", "instances": as_instances(requests()["greedy"])}
+    code, answer = call(server, "POST", f"/v1/models/{MODEL}:predict", body)
+    assert code == 200
+    answer = as_columns(answer["predictions"])
+    assert {name: answer[name] for name in ("sequences", "sequence_lengths")} == expected["greedy"]
+    assert len(answer["draft_accepted"]) == len(answer["draft_rounds"]) == 3
+    # A left-padded batch of two rows whose continuations the tiny model repeats from their text, so drafts are
+    # kept (several tokens a round): still the greedy signature's tokens.
+    inputs = {"input_ids": [[72, 40, 17, 51, 40], [0, 0, 40, 40, 40]], "attention_mask": [[1] * 5, [0, 0, 1, 1, 1]],
+              "max_new_tokens": [MAX_NEW_TOKENS, 6]}
+    answers = [call(server, "POST", f"/v1/models/{MODEL}:predict", {"signature_name": name, "inputs": inputs})
+               for name in ("greedy", "prompt_lookup")]
+    assert [code for code, _ in answers] == [200, 200]
+    greedy, speculative = (answer["outputs"] for _, answer in answers)
+    assert {name: speculative[name] for name in greedy} == greedy
+    assert speculative["draft_accepted"][0] > 0 and speculative["draft_accepted"][1] > 0
+
+
 def _sample_inputs(**changes):
     return {"signature_name": "sample", "inputs": {**requests()["sample"], **changes}}
 
@@ -218,7 +237,8 @@ def test_cli_exports_then_serves_a_model_folder(tiny_checkpoint, tiny_model, tmp
 
     out = tmp_path / "served"
     export = ["export", "--model", tiny_checkpoint[0], "--max-new-tokens", "4", "--no-jit",
-              "--signatures", "greedy,greedy", "--num-beams", "3", "--contrastive-top-k", "5", str(out)]
+              "--signatures", "greedy,greedy", "--num-beams", "3", "--contrastive-top-k", "5", "--prompt-lookup", "6",
+              "--max-matching-ngram-size", "3", str(out)]
     assert cli_main(export) == 0
     assert capsys.readouterr().out.strip() == str(out / "1")
     assert os.listdir(out) == ["1"]  # no staging folder left behind
@@ -226,7 +246,7 @@ def test_cli_exports_then_serves_a_model_folder(tiny_checkpoint, tiny_model, tmp
     info = json.loads((out / "1" / "assets.extra" / "tfgen_export.json").read_text())
     signatures = {"greedy": SIGNATURES["greedy"].description}
     assert info == {"max_new_tokens": 4, "jit_compile": False, "signatures": signatures, "num_beams": 3,
-                    "contrastive_top_k": 5}
+                    "contrastive_top_k": 5, "prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3}
     assert cli_main(export) == 2  # the version exists: refused, untouched
     assert "already exists" in capsys.readouterr().err
 

@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Optional
 
-from tfgen.commands import add_model_argument
+from tfgen.commands import add_model_argument, check_option_flag
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--contrastive-top-k", type=int,
                         help=f"candidates per step of the contrastive signature, 2..{MAX_BEAMS} (default: config, "
                         "else 4)")
+    parser.add_argument("--prompt-lookup", type=int, metavar="N", dest="prompt_lookup_num_tokens",
+                        help="draft tokens per round of the prompt_lookup signature (default: config, else 10)")
+    parser.add_argument("--max-matching-ngram-size", type=int, metavar="M",
+                        help="longest n-gram the prompt_lookup signature looks up (default: config, else 2)")
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="end a row once its text ends with TEXT, in every signature (repeatable; needs the "
                         "model's tokenizer)")
@@ -61,6 +65,8 @@ def run(args) -> int:
         text=not args.no_text,
         num_beams=args.num_beams,
         contrastive_top_k=args.contrastive_top_k,
+        prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+        max_matching_ngram_size=args.max_matching_ngram_size,
         stop_strings=args.stop_strings,
     )
     print(os.path.abspath(version_dir))
@@ -78,6 +84,10 @@ def check_export_arguments(args) -> None:
     ):
         if value is not None and not low <= value <= high:
             raise ValueError(f"{option} must be in {low}..{high}, got {value}")
+    for flag, name in (("--prompt-lookup", "prompt_lookup_num_tokens"),
+                       ("--max-matching-ngram-size", "max_matching_ngram_size")):
+        if getattr(args, name) is not None:
+            check_option_flag(flag, name, getattr(args, name))
 
 
 def export_model(

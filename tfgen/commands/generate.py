@@ -3,7 +3,15 @@ the prompt as a user message in the model's chat template and print the answer o
 
 from __future__ import annotations
 
-from tfgen.commands import add_model_argument
+from tfgen.commands import add_model_argument, check_option_flag
+
+# Speculative decoding (assisted generation): flag -> (generation option, the flag it needs).
+DRAFTING_FLAGS = {
+    "--prompt-lookup": ("prompt_lookup_num_tokens", None),
+    "--max-matching-ngram-size": ("max_matching_ngram_size", "--prompt-lookup"),
+    "--assistant-early-exit": ("assistant_early_exit", None),
+    "--num-assistant-tokens": ("num_assistant_tokens", "--assistant-early-exit"),
+}
 
 
 def add_parser(subparsers) -> None:
@@ -25,6 +33,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="stop once the text ends with TEXT (repeatable)")
     parser.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after SECONDS, compiling included")
+    drafting = parser.add_argument_group(
+        "speculative decoding", "draft tokens cheaply and verify them with the model in one call: greedy search "
+        "writes the same text (sampling with --prompt-lookup too, for the same seed) in fewer model calls when drafts "
+        "are accepted"
+    )
+    drafting.add_argument("--prompt-lookup", type=int, metavar="N", dest="prompt_lookup_num_tokens",
+                          help="draft N tokens per round by finding the text's last n-gram earlier in the text")
+    drafting.add_argument("--max-matching-ngram-size", type=int, metavar="M",
+                          help="with --prompt-lookup: the longest n-gram looked up (default: config, else 2)")
+    drafting.add_argument("--assistant-early-exit", type=int, metavar="L",
+                          help="draft with the model's first L layers (models that can exit early)")
+    drafting.add_argument("--num-assistant-tokens", type=int, metavar="K",
+                          help="with --assistant-early-exit: tokens drafted per round (default: config, else 20)")
     parser.add_argument("--no-jit", action="store_true", help="run the loop eagerly (debugging)")
     parser.add_argument(
         "--no-stream", dest="stream", action="store_false", help="print the text at the end instead of token by token"
@@ -41,6 +62,7 @@ def run(args) -> int:
 
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat (it is the system message of the chat)")
+    drafting = drafting_options(args)
     model_path = resolve_model_argument(args.model)
     tokenizer = Tokenizer.from_pretrained(model_path)
     # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
@@ -57,6 +79,7 @@ def run(args) -> int:
         "repetition_penalty": args.repetition_penalty,
         "stop_strings": args.stop_strings,
         "max_time": args.max_time,
+        **drafting,
     }
     options = {name: value for name, value in options.items() if value is not None}
     if args.do_sample is False:
@@ -94,3 +117,20 @@ def _chat_prompt(tokenizer, args, model_path: str) -> dict:
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     messages = system + [{"role": "user", "content": args.prompt}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="np", return_dict=True)
+
+
+def drafting_options(args) -> dict:
+    """The assisted-generation options of the drafting flags given, checked before the model loads: ValueError
+    naming the flag for a value out of range, a flag without the one it needs, or two drafters."""
+    if args.prompt_lookup_num_tokens is not None and args.assistant_early_exit is not None:
+        raise ValueError("--prompt-lookup / --assistant-early-exit: choose one drafter")
+    options = {}
+    for flag, (name, needs) in DRAFTING_FLAGS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if needs is not None and getattr(args, DRAFTING_FLAGS[needs][0]) is None:
+            raise ValueError(f"{flag} needs {needs} (it sizes that drafter)")
+        check_option_flag(flag, name, value)
+        options[name] = value
+    return options

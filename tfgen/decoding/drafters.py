@@ -79,7 +79,7 @@ class PromptLookupDrafter:
 
     def draft(self, inputs: DecodeInputs, decode: DecodeState, state, slots: tf.Tensor) -> Draft:
         sequences, real = decode.sequences, decode.buffer_mask > 0
-        width = sequences.shape[1]
+        width = size_of(sequences, 1)
         end = slots + 1  # each row's tokens so far end before this column
         continuation = tf.fill(tf.shape(slots), -1)
         for n in range(self.max_ngram, 0, -1):

@@ -22,15 +22,9 @@ import tensorflow as tf
 from tfgen.config import GenerationConfig, GenerationMode
 from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec, generate_all
+from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import make_loop
-from tfgen.export.signatures import (
-    DEFAULT_CONTRASTIVE_TOP_K,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_NUM_BEAMS,
-    SIGNATURES,
-    ExportChoices,
-    SignatureSpec,
-)
+from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.request_checks import request_checks
 from tfgen.export.text_graph import in_graph_tokenizer
 from tfgen.knobs import KNOBS, declared
@@ -43,9 +37,11 @@ EXPORT_INFO_FILE = "tfgen_export.json"
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
 _PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)
 _MASK32 = 0xFFFFFFFF
-# Decoding modes whose exported signatures are tested (group beam search and beam sampling are not exported).
+# Decoding modes whose exported signatures are tested (group beam search and beam sampling are not exported;
+# assisted generation only with prompt lookup, the drafter that needs no second model).
 _EXPORTABLE_MODES = (
     GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.CONTRASTIVE_SEARCH,
+    GenerationMode.ASSISTED_GENERATION,
 )
 
 
@@ -85,6 +81,8 @@ def export_saved_model(
     tokenizer=None,
     num_beams: Optional[int] = None,
     contrastive_top_k: Optional[int] = None,
+    prompt_lookup_num_tokens: Optional[int] = None,
+    max_matching_ngram_size: Optional[int] = None,
     stop_strings: Optional[Sequence[str]] = None,
 ) -> str:
     """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
@@ -92,19 +90,23 @@ def export_saved_model(
     Args:
         model: a model implementing `tfgen.models.protocol.CausalLMProtocol` (e.g. from `AutoModelForCausalLM`).
         generation_config: decoding options of `serving_default` and defaults of the other signatures
-            (default: the model's). Its mode must be greedy search or sampling, with one sequence per prompt.
+            (default: the model's). Its mode must be greedy search, sampling, beam search, contrastive search or
+            prompt lookup, with one sequence per prompt.
         max_new_tokens: the static token buffer: every signature returns `[B, T + max_new_tokens]` and per-row
             budgets are capped by it (default: the config's `max_new_tokens`, else 20). Budgets are also capped
             so that prompt plus new tokens fit in the model's positions.
         version: TF Serving version number, the name of the written subdirectory; it must not exist yet.
         jit_compile: True compiles the loop with XLA (TF Serving must then run with XLA enabled, see
             `docs/serving.md`); False exports a plain TF graph that runs on any TF Serving build.
-        signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given).
+        signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given and
+            `prompt_lookup` only when the model declares `row_cache_index`).
         tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`), and
             the tokenizer stop strings are matched with.
         num_beams: beams of the `beam_search` signature (default: the config's `num_beams` when above 1, else 4).
         contrastive_top_k: candidates per step of the `contrastive` signature (default: the config's `top_k` when
             the config selects contrastive search, else 4).
+        prompt_lookup_num_tokens / max_matching_ngram_size: draft tokens per round and the longest n-gram matched
+            of the `prompt_lookup` signature (default: the config's, else 10 and 2).
         stop_strings: strings that end a row in every signature (HF's rules; default: the config's
             `stop_strings`), fixed at export; needs `tokenizer`.
 
@@ -117,10 +119,10 @@ def export_saved_model(
     version_dir = os.path.join(export_dir, str(int(version)))
     if os.path.exists(version_dir):
         raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
-    names = _signature_names(signatures, tokenizer is not None)
+    names = _signature_names(signatures, tokenizer is not None, bool(getattr(model, "row_cache_index", False)))
     config = _export_config(model, generation_config, stop_strings)
     buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
-    choices = _export_choices(config, num_beams, contrastive_top_k)
+    choices = export_choices(config, num_beams, contrastive_top_k, prompt_lookup_num_tokens, max_matching_ngram_size)
     exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer, "generate_text" in names, choices)
     for name in names:  # every signature's options and sizes are checked before the first is traced
         exporter.plan(SIGNATURES[name])
@@ -156,9 +158,10 @@ def export_saved_model(
     return version_dir
 
 
-def _signature_names(signatures, has_tokenizer: bool) -> list[str]:
+def _signature_names(signatures, has_tokenizer: bool, row_cache_index: bool) -> list[str]:
     if signatures is None:
-        return [name for name, spec in SIGNATURES.items() if has_tokenizer or not spec.text]
+        return [name for name, spec in SIGNATURES.items()
+                if (has_tokenizer or not spec.text) and (row_cache_index or not spec.row_cache_index)]
     names = list(dict.fromkeys(signatures))
     unknown = [name for name in names if name not in SIGNATURES]
     if unknown or not names:
@@ -182,18 +185,6 @@ def _export_config(model, generation_config, stop_strings) -> GenerationConfig:
             "generation_config: num_return_sequences must be 1 in an export (send a prompt once per sample wanted)"
         )
     return config
-
-
-def _export_choices(config: GenerationConfig, num_beams, contrastive_top_k) -> ExportChoices:
-    if num_beams is None:
-        num_beams = config.num_beams if config.num_beams > 1 else DEFAULT_NUM_BEAMS
-    if contrastive_top_k is None:
-        selects_contrastive = config.get_generation_mode() == GenerationMode.CONTRASTIVE_SEARCH
-        contrastive_top_k = config.top_k if selects_contrastive else DEFAULT_CONTRASTIVE_TOP_K
-    for name, value in (("num_beams", num_beams), ("contrastive_top_k", contrastive_top_k)):
-        if not is_integer(value) or value < 2:
-            raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
-    return ExportChoices(int(num_beams), int(contrastive_top_k))
 
 
 def _buffer_new_tokens(model, config: GenerationConfig, max_new_tokens) -> int:
@@ -318,11 +309,14 @@ class _Exporter:
             config = self.config.copy()
             config.update(**signature.options(self.choices))
         mode = config.get_generation_mode()
-        if mode not in _EXPORTABLE_MODES:
+        if mode not in _EXPORTABLE_MODES or (mode == GenerationMode.ASSISTED_GENERATION
+                                             and config.prompt_lookup_num_tokens is None):
             raise ValueError(
-                f"generation_config: mode {mode.value!r} cannot be exported yet; these can: "
-                f"{', '.join(m.value for m in _EXPORTABLE_MODES)}"
+                f"generation_config: mode {mode.value!r} cannot be exported yet (assisted generation only with "
+                f"prompt_lookup_num_tokens); these can: {', '.join(m.value for m in _EXPORTABLE_MODES)}"
             )
+        if mode == GenerationMode.ASSISTED_GENERATION:
+            check_assisted(self.model, None, config, ())
         # One prompt row of one token is the least any call of the signature decodes: refuse an export no call fits.
         check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens)
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.

@@ -15,14 +15,21 @@ DEFAULT_MAX_NEW_TOKENS = 20
 # generation config says otherwise (HF's contrastive examples use top_k=4).
 DEFAULT_NUM_BEAMS = 4
 DEFAULT_CONTRASTIVE_TOP_K = 4
+# Draft tokens per round and the longest n-gram matched of the prompt_lookup signature, unless the export or its
+# generation config says otherwise (HF's prompt lookup examples draft 10 tokens; HF's default n-gram size is 2).
+DEFAULT_PROMPT_LOOKUP_NUM_TOKENS = 10
+DEFAULT_MAX_MATCHING_NGRAM_SIZE = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportChoices:
-    """Static choices of one export that shape its programs: beams of `beam_search`, candidates of `contrastive`."""
+    """Static choices of one export that shape its programs: beams of `beam_search`, candidates of `contrastive`,
+    draft tokens per round and longest matched n-gram of `prompt_lookup`."""
 
     num_beams: int
     contrastive_top_k: int
+    prompt_lookup_num_tokens: int
+    max_matching_ngram_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,8 @@ class SignatureSpec:
         neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
     outputs: entries of the decode result returned besides `sequences` and `sequence_lengths`.
     text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
+    row_cache_index: decodes speculatively, so it needs a model declaring `row_cache_index` (a per-row cache slot,
+        `tfgen.models.protocol`); left out of the default signatures of a model without it.
     """
 
     description: str
@@ -46,13 +55,17 @@ class SignatureSpec:
     processor_overrides: dict = dataclasses.field(default_factory=dict)
     outputs: tuple[str, ...] = ()
     text: bool = False
+    row_cache_index: bool = False
 
     def options(self, choices: ExportChoices) -> dict:
         """The generation options of this signature in an export made with `choices`."""
         return self.generation_options(choices) if callable(self.generation_options) else self.generation_options
 
 
-_ONE_TOKEN_PER_STEP = {"num_beams": 1, "penalty_alpha": None}
+# Plain greedy search / sampling: no beams, no contrastive search, no drafting (a config's prompt lookup applies to
+# serving_default and prompt_lookup only).
+_ONE_TOKEN_PER_STEP = {"num_beams": 1, "penalty_alpha": None, "prompt_lookup_num_tokens": None,
+                       "assistant_early_exit": None}
 
 SIGNATURES: dict[str, SignatureSpec] = {
     "serving_default": SignatureSpec("the exported generation config's decoding (sampling keys from the prompt)"),
@@ -84,8 +97,47 @@ SIGNATURES: dict[str, SignatureSpec] = {
         },
         row_inputs=("penalty_alpha", "max_new_tokens"),
     ),
+    "prompt_lookup": SignatureSpec(
+        "greedy search with prompt lookup drafting (draft tokens and n-gram size fixed at export: greedy's tokens in "
+        "fewer model calls) and a per-row budget; returns draft_accepted and draft_rounds",
+        generation_options=lambda choices: {
+            **_ONE_TOKEN_PER_STEP, "do_sample": False,
+            "prompt_lookup_num_tokens": choices.prompt_lookup_num_tokens,
+            "max_matching_ngram_size": choices.max_matching_ngram_size,
+        },
+        row_inputs=("max_new_tokens",),
+        outputs=("draft_accepted", "draft_rounds"),
+        row_cache_index=True,
+    ),
     "generate_text": SignatureSpec(
         "serving_default on text: byte-level BPE tokenization in the graph, returns the generated text",
         text=True,
     ),
 }
+
+
+def export_choices(config, num_beams, contrastive_top_k, draft_tokens, max_ngram) -> ExportChoices:
+    """The export's static choices: the arguments given, else the exported `GenerationConfig`'s values where it
+    selects the strategy (its `num_beams` above 1, its `top_k` under contrastive search, its prompt lookup sizes),
+    else the defaults above. ValueError naming a choice out of range."""
+    # Here, not at the top: `tfgen export --help` reads the table and needs none of these.
+    from tfgen.config import GenerationConfig, GenerationMode
+    from tfgen.config_rules import check_options
+    from tfgen.value_types import is_integer
+
+    if num_beams is None:
+        num_beams = config.num_beams if config.num_beams > 1 else DEFAULT_NUM_BEAMS
+    if contrastive_top_k is None:
+        selects_contrastive = config.get_generation_mode() == GenerationMode.CONTRASTIVE_SEARCH
+        contrastive_top_k = config.top_k if selects_contrastive else DEFAULT_CONTRASTIVE_TOP_K
+    if draft_tokens is None:
+        draft_tokens = config.prompt_lookup_num_tokens or DEFAULT_PROMPT_LOOKUP_NUM_TOKENS
+    if max_ngram is None:
+        max_ngram = config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE
+    for name, value in (("num_beams", num_beams), ("contrastive_top_k", contrastive_top_k)):
+        if not is_integer(value) or value < 2:
+            raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
+    probe = GenerationConfig()
+    vars(probe).update(prompt_lookup_num_tokens=draft_tokens, max_matching_ngram_size=max_ngram)
+    check_options(probe)  # the config's own rules (type and range) for the drafting sizes
+    return ExportChoices(int(num_beams), int(contrastive_top_k), int(draft_tokens), int(max_ngram))
