@@ -41,7 +41,7 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.harness import _csv
 from benchmarks.peers import (
-    BENCH_REQUESTS, DETERMINISTIC, Runner, TfgenRunner, Unavailable, is_gguf, keras_hub_generate,
+    BENCH_REQUESTS, DEFAULT_STRATEGIES, DETERMINISTIC, Runner, TfgenRunner, Unavailable, is_gguf, keras_hub_generate,
     keras_hub_sampler,
 )
 
@@ -408,7 +408,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--libraries", type=_csv(str, LIBRARIES), default=list(DEFAULT_LIBRARIES),
                         help=f"comma-separated subset of {','.join(LIBRARIES)} "
                         f"(default: {','.join(DEFAULT_LIBRARIES)})")
-    strategies = tuple(name for name in BENCH_REQUESTS if name != "contrastive")
+    strategies = tuple(name for name in DEFAULT_STRATEGIES if name != "contrastive")
     parser.add_argument("--strategies", type=_csv(str, tuple(BENCH_REQUESTS)), default=list(strategies),
                         help=f"the float32 rows (default: {','.join(strategies)})")
     parser.add_argument("--variant-strategies", type=_csv(str, tuple(BENCH_REQUESTS)), default=["greedy"],

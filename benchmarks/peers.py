@@ -25,9 +25,17 @@ BENCH_REQUESTS: dict[str, dict] = {
     "sample": {"do_sample": True, "top_k": 50, "top_p": 0.9},
     "beam": {"do_sample": False, "num_beams": 4},
     "contrastive": {"do_sample": False, "penalty_alpha": 0.6, "top_k": 4},
+    # Speculative decoding (HF's assisted generation) with the prompt lookup drafter: greedy search's tokens. tfgen
+    # at every batch; HF PyTorch at batch 1 only (its assisted generation refuses larger batches). Not in the default
+    # runs: the random prompts give the lookup little to find (benchmarks/speculative.py measures it on real ones).
+    "greedy-prompt-lookup": {"do_sample": False, "prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 2},
 }
+# The strategies a run measures unless `--strategies` says otherwise.
+DEFAULT_STRATEGIES = ("greedy", "sample", "beam", "contrastive")
+# Strategies only tfgen and HF PyTorch implement (hf-tf's generate would take the option and decode plainly).
+SPECULATIVE = ("greedy-prompt-lookup",)
 # The requests whose tokens every library should agree on.
-DETERMINISTIC = ("greedy", "beam", "contrastive")
+DETERMINISTIC = ("greedy", "beam", "contrastive", "greedy-prompt-lookup")
 
 
 def bench_prompt(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
@@ -118,6 +126,8 @@ class HfTfRunner(Runner):
         self.xla_generate = tf.function(self.model.generate, jit_compile=True)
 
     def generate(self, strategy, input_ids):
+        if strategy in SPECULATIVE:
+            raise Unavailable(f"{strategy}: HF's TF generate has no assisted generation")
         options = dict(BENCH_REQUESTS[strategy])
         if options["do_sample"]:
             options["seed"] = [0, 0]  # stateless sampling, the XLA-compatible path
@@ -146,6 +156,8 @@ class KerasHubRunner(Runner):
         self.models = {}  # one CausalLM per strategy: compile(sampler=) would drop the compiled function
 
     def _model(self, strategy):
+        if strategy in SPECULATIVE:
+            raise Unavailable(f"{strategy}: keras-hub has no speculative decoding")
         if strategy not in self.models:
             model = self.keras_hub.models.GPT2CausalLM(backbone=self.backbone, preprocessor=None)
             model.compile(sampler=keras_hub_sampler(strategy))
@@ -208,11 +220,19 @@ class HfTorchRunner(Runner):
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=self.new_tokens,
-                eos_token_id=None,
+                eos_token_id=hf_eos_token_id(self.model, BENCH_REQUESTS[strategy]),
                 pad_token_id=0,
                 **BENCH_REQUESTS[strategy],
             )
         return out.numpy()[:, input_ids.shape[1] :]
+
+
+def hf_eos_token_id(model, options: dict):
+    """The `eos_token_id` that lets HF PyTorch generate every new token: None, except for prompt lookup, which fails
+    without one in transformers 4.55 (`torch.isin(ids, None)` in `PromptLookupCandidateGenerator`); it gets the last
+    id of the vocabulary, which these models do not generate (a row that did would end early and show as a
+    difference from tfgen's tokens)."""
+    return model.config.vocab_size - 1 if options.get("prompt_lookup_num_tokens") else None
 
 
 RUNNERS = {

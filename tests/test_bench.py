@@ -221,3 +221,97 @@ def test_keras_hub_adapter_bench_renders_its_own_section(keras_hub_run, tmp_path
     text = page.read_text()
     assert text.count(keras_hub_adapter.BEGIN) == 1 and text.count(keras_hub_adapter.SECTION) == 1
     assert "| greedy \\* | 2 |" in text and "| int8 (" in text
+
+
+# ---------------------------------------------------------------------------------------------- speculative decoding
+
+
+class _CharTokenizer:
+    """A stand-in for SmolLM2's tokenizer: a conversation's text as one id per character (so the repeated code of
+    the prompts gives prompt lookup matches), no real chat template."""
+
+    pad_token_id = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt=False):
+        text = " ".join(message["content"] for message in messages)[:48]
+        return [3 + ord(character) % 90 for character in text]
+
+    def decode(self, ids):
+        return " ".join(str(token) for token in ids)
+
+
+@pytest.fixture(scope="module")
+def speculative_run(tmp_path_factory):
+    """`python -m benchmarks.speculative` on a tiny random Llama (weights spread wide, so greedy choices are not
+    near-ties) with a character tokenizer: one ad-hoc group with every kind of config, and the step timing."""
+    import keras
+
+    from benchmarks import speculative
+    from tfgen.models.llama import LlamaConfig, LlamaForCausalLM
+
+    keras.utils.set_random_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0))
+    results_path = tmp_path_factory.mktemp("speculative_bench") / "results.json"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed), \
+            contextlib.redirect_stderr(io.StringIO()):
+        patch.setattr(speculative, "load_model", lambda: (model, _CharTokenizer(), "tiny-llama"))
+        code = speculative.main([
+            "--groups", "1:code:greedy,pl-k4-n2,ee-l1-k2,as-l1-k2;2:code:sample,sample-pl-k3-n2", "--runs", "1",
+            "--warmup", "0", "--new-tokens", "6", "--exit-agreement", "1", "--step-timing",
+            "--step-cases", "1:1:stored,1:3:view:0:row,1:1:none:1", "--step-iterations", "2", "--step-repeats", "1",
+            "--step-buffer", "16", "--json", str(results_path),
+        ])
+    return code, printed.getvalue(), json.loads(results_path.read_text())
+
+
+def test_speculative_bench_measures_every_drafter_against_plain_decoding(speculative_run):
+    code, printed, results = speculative_run
+    assert code == 0 and results["benchmark"] == "speculative"
+    greedy, sampled = results["groups"]
+    assert (greedy["batch"], sampled["batch"]) == (1, 2) and greedy["prefill"]["median_s"] > 0
+    assert list(greedy["results"]) == ["greedy", "pl-k4-n2", "ee-l1-k2", "as-l1-k2"]
+    for group in results["groups"]:
+        for name, result in group["results"].items():
+            # Speculative decoding is exact: every row has the baseline's tokens (greedy, and sampling with a seed).
+            assert result["rows_equal_to_baseline"] == group["batch"], (name, result)
+            assert result["tokens_per_s"] > 0 and len(result["seconds"]) == 1
+            if name not in ("greedy", "sample"):
+                assert 0.0 <= result["acceptance"] <= 1.0 and result["tokens_per_round"] >= 1.0
+                assert max(result["draft_rounds"]) == result["loop_rounds"] > 0
+    # Batch-1 greedy groups measure how often the first layers' argmax is the model's (none for sampling).
+    assert set(greedy["exit_agreement"]) == {"1"} and "exit_agreement" not in sampled
+    assert [(row["tokens"], row["head"], row["layers"], row["index"]) for row in results["step_timing"]] == [
+        (1, "stored", 2, "scalar"), (3, "view", 2, "row"), (1, "none", 1, "scalar")]
+    assert "| prompt lookup k=4, n=2 |" in printed and "assistant (1-layer copy), K=2" in printed
+    assert "sampling + prompt lookup k=3, n=2" in printed and "| 1 | 3 | view | 2 | row |" in printed
+
+
+def test_speculative_bench_renders_its_own_section(speculative_run, tmp_path):
+    from benchmarks import speculative
+
+    results_path = tmp_path / "results.json"
+    results_path.write_text(json.dumps(speculative_run[2]))
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Performance\n\n{report.BEGIN}\nmain tables\n{report.END}\n\nprose\n")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert speculative.main(["--from-json", f"{results_path},{results_path}", "--docs", str(page)]) == 0
+    text = page.read_text()
+    assert "main tables" in text and text.index("prose") < text.index(speculative.BEGIN)
+    assert text.count(speculative.SECTION) == 1 and "| early exit L=1, K=2 \\* |" in text
+
+
+def test_speculative_bench_config_names():
+    from benchmarks import speculative
+
+    assert speculative.config_options("pl-k8-n3") == {
+        "do_sample": False, "prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 3}
+    assert speculative.config_options("sample-ee-l15-k3")["assistant_early_exit"] == 15
+    assert speculative.split_groups("b1-code,b4-code;2:story:greedy,pl-k4-n2") == [
+        "b1-code", "b4-code", "2:story:greedy,pl-k4-n2"]
+    for bad in ("pl-k8", "sample-greedy", "ee-k3-l8"):
+        with pytest.raises(ValueError):
+            speculative.config_options(bad)
