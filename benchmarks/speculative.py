@@ -57,6 +57,7 @@ GROUPS = {
     "b1-code": "1:code:greedy,pl-k4-n2,pl-k8-n2,pl-k16-n2,pl-k8-n3,ee-l8-k3,ee-l15-k3,as-l8-k3",
     "b1-code-hf": "1:code:greedy,pl-k8-n2,hf-greedy,hf-pl-k8-n2",
     "b1-story": "1:story:greedy,pl-k4-n2,pl-k8-n2",
+    "b1-copy": "1:copy:greedy,pl-k4-n2,pl-k8-n2,pl-k16-n2",
     "b1-sample": "1:code:sample,sample-pl-k8-n2",
     "b4-code": "4:code:greedy,pl-k4-n2,pl-k8-n2,ee-l15-k3,as-l8-k3",
     # Early exit and the assistant accept ~nothing at batch 1 and 4; at 16 each of their calls takes over a minute here.

@@ -200,4 +200,11 @@ def story_messages(batch: int) -> list[list[dict]]:
     return [[{"role": "user", "content": STORIES[row % len(STORIES)]}] for row in range(batch)]
 
 
-PROMPT_SETS = {"code": code_messages, "story": story_messages}
+def copy_messages(batch: int) -> list[list[dict]]:
+    """`batch` conversations asking to repeat one of `FUNCTIONS` unchanged: the best case of prompt lookup (the answer
+    is the prompt), to show the ceiling of its speedup under the same costs."""
+    return [[{"role": "user", "content": f"Repeat this function exactly, without any change:\n\n```python\n"
+                                          f"{FUNCTIONS[row % 4]}```"}] for row in range(batch)]
+
+
+PROMPT_SETS = {"code": code_messages, "story": story_messages, "copy": copy_messages}

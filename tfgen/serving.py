@@ -45,6 +45,7 @@ from tfgen.serving_options import (
     check_port_free,
     check_server_options,
 )
+from tfgen.serving_versions import ServedModels
 from tfgen.serving_requests import (
     TEXT_SIGNATURE,
     RequestError,
@@ -180,16 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
         ]}
 
     def _model(self, match) -> ServedModel:
-        model = self.server.model
-        if match.group("name") != model.name:
-            raise RequestError(HTTPStatus.NOT_FOUND, f"Servable not found for request: model {match.group('name')!r}")
         version = match.group("version")
-        if version is not None and int(version) != model.version:
-            raise RequestError(
-                HTTPStatus.NOT_FOUND,
-                f"Servable not found for request: version {version} of {model.name!r} (serving {model.version})",
-            )
-        return model
+        return self.server.models.resolve(match.group("name"), None if version is None else int(version))
 
     def _post(self, match) -> dict:
         verb = match.group("verb")
@@ -266,10 +259,10 @@ class ModelServer(ThreadingHTTPServer):
     # thread instead of having its SYNs dropped (a client then retries after a second).
     request_queue_size = 128
 
-    def __init__(self, model: ServedModel, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+    def __init__(self, model: ServedModel | ServedModels, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
-        self.model = model
+        self.models = model if isinstance(model, ServedModels) else ServedModels.of(model)
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
         self._open = 0
@@ -278,6 +271,11 @@ class ModelServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as error:
             raise OSError(bind_failure(host, port, error)) from None
+
+    @property
+    def model(self) -> ServedModel:
+        """The newest version served (what a request naming no version gets)."""
+        return self.models.latest
 
     @property
     def url(self) -> str:

@@ -68,6 +68,9 @@ class ServedModel:
             raise _bad_request(_error_text(error.message)) from None
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
+    def close(self) -> None:
+        """Stops what this version runs in the background (nothing yet)."""
+
 
 def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None) -> ServedModel:
     """Loads the newest version under `export_dir` (TF Serving's default policy) for serving.
