@@ -14,7 +14,8 @@ whatever the client did (malformed or too deep JSON, unknown model/version/signa
 does not take, wrong input names, types, dtypes, ranges or shapes, values the graph's checks reject, a body over
 the size limit, shorter than its Content-Length or too slow to arrive), 503 with `Retry-After` beyond the
 connection cap, and 500 for the server's own failures (logged). The server keeps serving either way, and prints
-nothing for a client that disconnects or goes silent (one debug log line).
+nothing for a client that disconnects or goes silent (one debug log line). `serve(..., grpc_port=N)` also answers
+TF Serving's gRPC API on port N (`tfgen/serving_grpc.py`), for the same models.
 
 Why the standard library's `ThreadingHTTPServer`: it adds no dependency to the package; a thread per connection is
 plenty for requests that each run a generation loop (TF releases the GIL while it runs, so requests overlap); and
@@ -355,18 +356,36 @@ def _close_gently(connection: socket.socket) -> None:
 
 
 def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_name: Optional[str] = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
-    """Loads the newest version under `export_dir` and serves it until interrupted (Ctrl-C)."""
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+          grpc_port: Optional[int] = None) -> None:
+    """Loads the newest version under `export_dir` and serves it until interrupted (Ctrl-C): TF Serving's REST API
+    on `port` and, with `grpc_port`, its gRPC API too (0 for either: any free port; needs
+    `pip install "tfgen[serve]"`)."""
     check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
+    if grpc_port is not None:
+        check_server_options(port=grpc_port)
+        from tfgen.serving_grpc import GrpcModelServer  # tensorflow-serving-api: `pip install "tfgen[serve]"`
     model = load_export(export_dir, model_name)
     server = ModelServer(model, host, port, max_request_bytes, max_connections)
+    try:
+        grpc_server = None if grpc_port is None else GrpcModelServer(server.models, host, grpc_port,
+                                                                     max_request_bytes, max_connections)
+    except BaseException:
+        server.server_close()
+        raise
     print(f"serving {model.name!r} version {model.version} ({', '.join(sorted(model.signatures))}) at "
           f"{server.url}/v1/models/{model.name}", file=sys.stderr, flush=True)
+    if grpc_server is not None:
+        grpc_server.start()
+        print(f"gRPC (TF Serving's PredictionService, ModelService) for {model.name!r} at {grpc_server.target}",
+              file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        if grpc_server is not None:
+            grpc_server.stop()
         server.server_close()
 
 
