@@ -46,7 +46,7 @@ from tfgen.serving_options import (
     check_port_free,
     check_server_options,
 )
-from tfgen.serving_versions import ServedModels
+from tfgen.serving_versions import DEFAULT_POLL_INTERVAL, ServedModels, check_polling_options
 from tfgen.serving_requests import (
     TEXT_SIGNATURE,
     RequestError,
@@ -177,8 +177,11 @@ class _Handler(BaseHTTPRequestHandler):
                 "model_spec": {"name": model.name, "signature_name": "", "version": str(model.version)},
                 "metadata": {"signature_def": {"signature_def": model.signature_defs}},
             }
+        # Without a version, TF Serving lists every version it serves.
+        served = [model] if match.group("version") else self.server.models.available()
         return {"model_version_status": [
-            {"version": str(model.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+            {"version": str(each.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+            for each in served
         ]}
 
     def _model(self, match) -> ServedModel:
@@ -357,36 +360,47 @@ def _close_gently(connection: socket.socket) -> None:
 
 def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_name: Optional[str] = None,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+          poll_interval_s: Optional[float] = DEFAULT_POLL_INTERVAL, version_policy: str = "latest",
           grpc_port: Optional[int] = None) -> None:
-    """Loads the newest version under `export_dir` and serves it until interrupted (Ctrl-C): TF Serving's REST API
-    on `port` and, with `grpc_port`, its gRPC API too (0 for either: any free port; needs
-    `pip install "tfgen[serve]"`)."""
+    """Loads the newest version under `export_dir` (every version with `version_policy="all"`) and serves it until
+    interrupted (Ctrl-C), looking for new versions every `poll_interval_s` seconds (0 or None: never; see
+    `tfgen.serving_versions`). REST listens on `port`; with `grpc_port`, TF Serving's gRPC API too (0 for either:
+    any free port; needs `pip install "tfgen[serve]"`)."""
     check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
+    check_polling_options(poll_interval_s=poll_interval_s, version_policy=version_policy)
     if grpc_port is not None:
         check_server_options(port=grpc_port)
         from tfgen.serving_grpc import GrpcModelServer  # tensorflow-serving-api: `pip install "tfgen[serve]"`
-    model = load_export(export_dir, model_name)
-    server = ModelServer(model, host, port, max_request_bytes, max_connections)
+    models = ServedModels(export_dir, model_name, version_policy=version_policy)
     try:
-        grpc_server = None if grpc_port is None else GrpcModelServer(server.models, host, grpc_port,
-                                                                     max_request_bytes, max_connections)
-    except BaseException:
-        server.server_close()
-        raise
-    print(f"serving {model.name!r} version {model.version} ({', '.join(sorted(model.signatures))}) at "
-          f"{server.url}/v1/models/{model.name}", file=sys.stderr, flush=True)
-    if grpc_server is not None:
-        grpc_server.start()
-        print(f"gRPC (TF Serving's PredictionService, ModelService) for {model.name!r} at {grpc_server.target}",
+        server = ModelServer(models, host, port, max_request_bytes, max_connections)
+        try:
+            grpc_server = None if grpc_port is None else GrpcModelServer(models, host, grpc_port, max_request_bytes,
+                                                                         max_connections)
+        except BaseException:
+            server.server_close()
+            raise
+        if poll_interval_s:
+            models.start_polling(poll_interval_s)
+        model = models.latest
+        polling = f", polling every {poll_interval_s:g} s" if poll_interval_s else ""
+        print(f"serving {model.name!r} version {', '.join(str(each.version) for each in models.available())} "
+              f"({', '.join(sorted(model.signatures))}) at {server.url}/v1/models/{model.name}{polling}",
               file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
         if grpc_server is not None:
-            grpc_server.stop()
-        server.server_close()
+            grpc_server.start()
+            print(f"gRPC (TF Serving's PredictionService, ModelService) for {model.name!r} at {grpc_server.target}",
+                  file=sys.stderr, flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if grpc_server is not None:
+                grpc_server.stop()
+            server.server_close()
+    finally:
+        models.close()
 
 
 def start_in_thread(server: ModelServer) -> threading.Thread:

@@ -24,7 +24,7 @@ from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tfgen.knobs import KNOBS, REQUEST_VALUES
-from tfgen.value_types import is_real
+from tfgen.value_types import is_integer, is_real
 
 TEXT_SIGNATURE = "generate_text"
 # Requests nest a few levels (body, instances, row, a rank-3 input at most); anything deeper is refused before it
@@ -72,20 +72,26 @@ class ServedModel:
         """Stops what this version runs in the background (nothing yet)."""
 
 
-def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None) -> ServedModel:
-    """Loads the newest version under `export_dir` (TF Serving's default policy) for serving.
+def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None, *, version: Optional[int] = None,
+                warmup: bool = True) -> ServedModel:
+    """Loads a version under `export_dir` for serving: `version`, else the newest (TF Serving's default policy).
 
     `export_dir` holds numeric version folders, as `tfgen export` writes them. `model_name` defaults to the
-    folder's name (TF Serving's docker image takes it from `MODEL_NAME`). Raises OSError when no version exists.
+    folder's name (TF Serving's docker image takes it from `MODEL_NAME`). With `warmup`, the export's
+    `assets.extra/tf_serving_warmup_requests` run once each before it returns, as TF Serving runs them, so the
+    first request does not build the programs. Raises OSError when no (such) version exists.
     """
     export_dir = os.fspath(export_dir)
-    versions = sorted(
-        int(entry) for entry in (os.listdir(export_dir) if os.path.isdir(export_dir) else [])
-        if entry.isdigit() and os.path.isfile(os.path.join(export_dir, entry, "saved_model.pb"))
-    )
+    versions = export_versions(export_dir)
     if not versions:
         raise OSError(f"export_dir: no version folder with a saved_model.pb in {export_dir!r} (expected <dir>/1/...)")
-    directory = os.path.join(export_dir, str(versions[-1]))
+    if version is None:
+        version = versions[-1]
+    elif not is_integer(version):
+        raise ValueError(f"version must be an integer (a version folder's name), got {version!r}")
+    elif version not in versions:
+        raise OSError(f"version: no folder {version} with a saved_model.pb in {export_dir!r} (found {versions})")
+    directory = os.path.join(export_dir, str(version))
     try:
         import tensorflow_text  # noqa: F401  registers the TF Text ops of the generate_text signature
     except ImportError:
@@ -94,9 +100,13 @@ def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None)
     with open(os.path.join(directory, "saved_model.pb"), "rb") as file:
         meta_graph = saved_model_pb2.SavedModel.FromString(file.read()).meta_graphs[0]
     signatures = dict(loaded.signatures)
+    if warmup:
+        from tfgen.export.warmup import replay_warmup_requests
+
+        replay_warmup_requests(directory, signatures)
     return ServedModel(
         name=model_name or os.path.basename(os.path.normpath(export_dir)),
-        version=versions[-1],
+        version=int(version),
         directory=directory,
         signatures=signatures,
         input_specs={name: function.structured_input_signature[1] for name, function in signatures.items()},
@@ -105,6 +115,16 @@ def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None)
             for name, definition in meta_graph.signature_def.items()
         },
     )
+
+
+def export_versions(export_dir: str) -> list[int]:
+    """The complete version folders under `export_dir` (numeric names holding a `saved_model.pb`), ascending."""
+    try:
+        entries = os.listdir(export_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(entry) for entry in entries
+                  if entry.isdigit() and os.path.isfile(os.path.join(export_dir, entry, "saved_model.pb")))
 
 
 def parse_json_body(raw: bytes):

@@ -1,10 +1,11 @@
 """`generate()` as a TF Serving SavedModel: the whole decode loop in the graph, no Python in the serving path.
 
 `export_saved_model` writes `export_dir/<version>/` (TF Serving's layout: `saved_model.pb`, `variables/`, and
-`assets.extra/` with the generation config and a description of the export). Every signature takes tensors with
-a leading batch axis; batch size and prompt length are `None`, so one export serves any request shape (an XLA
-export compiles once per distinct `[batch, prompt length]`). The signatures are built from `SIGNATURES`, a table:
-a new decoding strategy becomes a new entry there. See `docs/serving.md`.
+`assets.extra/` with the generation config, a description of the export and TF Serving's warm-up requests, see
+`warmup.py`). Every signature takes tensors with a leading batch axis; batch size and prompt length are `None`, so
+one export serves any request shape (an XLA export compiles once per distinct `[batch, prompt length]`). The
+signatures are built from `SIGNATURES`, a table: a new decoding strategy becomes a new entry there. See
+`docs/serving.md`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tfgen.decoding.strategies import make_loop
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.request_checks import request_checks
 from tfgen.export.text_graph import in_graph_tokenizer
+from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
 from tfgen.knobs import KNOBS, declared
 from tfgen.random import derive_seeds, philox4x32
 from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
@@ -143,11 +145,17 @@ def export_saved_model(
         extra = os.path.join(staging, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         config.save_pretrained(extra)
+        # One small request per table signature, which TF Serving (and `tfgen serve`) runs at load: see warmup.py.
+        warmup = warmup_requests({name: functions[name].structured_input_signature[0][0] for name in names},
+                                 exporter.vocab_size, warmup_prompt_tokens(exporter.max_positions, buffer_new_tokens),
+                                 tokenizer)
         info = {
             "max_new_tokens": buffer_new_tokens,
             "jit_compile": bool(jit_compile),
             **dataclasses.asdict(choices),
             "signatures": {name: SIGNATURES[name].description for name in names},
+            "warmup_requests": write_warmup_requests(os.path.join(extra, WARMUP_FILE), warmup,
+                                                     os.path.basename(os.path.normpath(export_dir))),
         }
         with open(os.path.join(extra, EXPORT_INFO_FILE), "w", encoding="utf-8") as file:
             json.dump(info, file, indent=2)
