@@ -241,8 +241,8 @@ def test_serve_without_export_dir_serves_the_shipped_model(monkeypatch):
 
     monkeypatch.setattr(export_command, "export_model", quick_export)
     monkeypatch.setattr(tfgen.serving, "serve", fake_serve)
-    assert main(["serve", "--port", "0"]) == 0
-    assert served["name"] == "stdlib-gpt2" and served["port"] == 0
+    assert main(["serve", "--port", "0", "--rest_api_port", "0"]) == 0
+    assert served["name"] == "stdlib-gpt2" and served["port"] == served["grpc_port"] == 0
     assert not os.path.exists(served["export_dir"])
 
 

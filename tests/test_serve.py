@@ -250,7 +250,8 @@ def test_cli_exports_then_serves_a_model_folder(tiny_checkpoint, tiny_model, tmp
     assert cli_main(export) == 2  # the version exists: refused, untouched
     assert "already exists" in capsys.readouterr().err
 
-    command = [sys.executable, "-m", "tfgen.cli", "serve", str(out), "--port", "0", "--model-name", MODEL]
+    command = [sys.executable, "-m", "tfgen.cli", "serve", str(out), "--port", "0", "--rest_api_port", "0",
+               "--model-name", MODEL]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:

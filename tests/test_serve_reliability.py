@@ -317,7 +317,7 @@ def test_the_cli_passes_max_connections_to_the_server(tmp_path, monkeypatch):
 
     served = {}
     monkeypatch.setattr(serving, "serve", lambda export_dir, **options: served.update(options))
-    assert main(["serve", str(tmp_path), "--port", "0", "--max-connections", "7"]) == 0
+    assert main(["serve", str(tmp_path), "--port", "0", "--rest_api_port", "0", "--max-connections", "7"]) == 0
     assert served["max_connections"] == 7
-    assert main(["serve", str(tmp_path), "--port", "0"]) == 0
+    assert main(["serve", str(tmp_path), "--port", "0", "--rest_api_port", "0"]) == 0
     assert served["max_connections"] == serving.DEFAULT_MAX_CONNECTIONS == 64

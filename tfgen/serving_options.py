@@ -5,11 +5,15 @@ imports TensorFlow or spends time loading (or exporting) a model."""
 from __future__ import annotations
 
 import errno
+import importlib.util
 import socket
+from typing import Optional
 
 from tfgen.value_types import is_integer
 
-DEFAULT_PORT = 8501  # TF Serving's REST port
+DEFAULT_PORT = 8501  # TF Serving's REST port (its --rest_api_port)
+DEFAULT_GRPC_PORT = 8500  # TF Serving's gRPC port (its --port)
+GRPC_INSTALL_HINT = 'pip install "tfgen[serve]"'
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 64
 
@@ -17,31 +21,43 @@ DEFAULT_MAX_CONNECTIONS = 64
 def check_server_options(*, port: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
     """Raises ValueError naming the first bad option: port in 0..65535 (0: any free port), positive limits."""
-    if not is_integer(port) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be an integer in 0..65535 (0: any free port), got {port!r}")
+    check_port(port)
     for name, value in (("max_request_bytes", max_request_bytes), ("max_connections", max_connections)):
         if not is_integer(value) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port(port, name: str = "port") -> None:
+    """Raises ValueError, naming the option `name`, unless `port` is an integer in 0..65535 (0: any free port)."""
+    if not is_integer(port) or not 0 <= port <= 65535:
+        raise ValueError(f"{name} must be an integer in 0..65535 (0: any free port), got {port!r}")
+
+
+def check_port_free(host: str, port: int, option: Optional[str] = None) -> None:
     """Raises ValueError for a bad port, OSError ("port 8501 is in use ...") when the server could not listen on
-    host:port now."""
-    check_server_options(port=port)
+    host:port now; `option` (e.g. "--rest_api_port") is named in the message."""
+    check_port(port, (option or "port").lstrip("-"))
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise OSError(bind_failure(host, port, error)) from None
+            raise OSError(bind_failure(host, port, error, option)) from None
 
 
-def bind_failure(host: str, port: int, error: OSError) -> str:
-    """One line saying why the server cannot listen on host:port."""
+def grpc_available() -> bool:
+    """Whether `grpcio` and `tensorflow-serving-api` (the `serve` extra) are installed, found without importing
+    them (their stubs import TensorFlow)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("grpc", "tensorflow_serving"))
+
+
+def bind_failure(host: str, port: int, error: OSError, option: Optional[str] = None) -> str:
+    """One line saying why the server cannot listen on host:port (`option`, the flag that chose the port, named)."""
+    where = f"{host} ({option})" if option else host
     if error.errno == errno.EADDRINUSE:
-        return f"port {port} is in use on {host}: stop the other server or choose another port (0: any free port)"
+        return f"port {port} is in use on {where}: stop the other server or choose another port (0: any free port)"
     if error.errno == errno.EACCES:
-        return f"port {port} on {host}: permission denied (ports below 1024 need privileges)"
+        return f"port {port} on {where}: permission denied (ports below 1024 need privileges)"
     if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
         return f"host {host!r} is not an address of this machine ({error.strerror or error})"
     return f"cannot listen on {host}:{port}: {error.strerror or error}"

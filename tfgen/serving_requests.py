@@ -164,9 +164,7 @@ def parse_predict_request(body, model: ServedModel) -> tuple[str, dict[str, np.n
     signature_name = body.get("signature_name", "")
     if not isinstance(signature_name, str):
         raise _bad_request(f"signature_name must be a string, got {_json_type(signature_name)}")
-    signature_name = signature_name or "serving_default"  # TF Serving's reading of an empty name
-    if signature_name not in model.signatures:
-        raise _bad_request(f"signature_name {signature_name!r} not found; the model has {sorted(model.signatures)}")
+    signature_name = signature_for(model, signature_name)
     specs = model.input_specs[signature_name]
     if ("instances" in body) == ("inputs" in body):
         raise _bad_request("send exactly one of 'instances' (row format) or 'inputs' (columnar format)")
@@ -176,13 +174,43 @@ def parse_predict_request(body, model: ServedModel) -> tuple[str, dict[str, np.n
     else:
         columns = _named(body["inputs"], specs, "inputs")
     arrays = {name: _to_array(columns[name], spec, name) for name, spec in specs.items()}
-    batch_sizes = {name: array.shape[0] for name, array in arrays.items()}
+    check_arrays(signature_name, arrays, specs)
+    return signature_name, arrays, row_format
+
+
+def signature_for(model: ServedModel, signature_name: str) -> str:
+    """The signature a request names: "" is `serving_default` (TF Serving's reading); one the model lacks is a
+    400 RequestError listing those it has."""
+    signature_name = signature_name or "serving_default"
+    if signature_name not in model.signatures:
+        raise _bad_request(f"signature_name {signature_name!r} not found; the model has {sorted(model.signatures)}")
+    return signature_name
+
+
+def check_arrays(signature_name: str, arrays: dict[str, np.ndarray], specs: dict) -> None:
+    """Checks typed numpy inputs (parsed from JSON, or TensorProtos over gRPC) against the signature's input
+    `specs` before it runs: exactly its input names, each input's dtype and shape, one batch size, at least one
+    row, then `check_inputs` (knob ranges, empty texts). Raises a 400 RequestError naming the input at fault."""
+    missing, unknown = set(specs) - set(arrays), set(arrays) - set(specs)
+    if missing or unknown:
+        raise _bad_request(
+            f"inputs: the signature takes {sorted(specs)}; missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
+    for name, spec in specs.items():
+        array = arrays[name]
+        if array.dtype != spec.dtype.as_numpy_dtype:
+            dtype = "string" if array.dtype == object else array.dtype.name
+            raise _bad_request(f"input {name!r} has dtype {dtype}, the signature wants {spec.dtype.name}")
+        if array.ndim != spec.shape.rank or not spec.shape.is_compatible_with(array.shape):
+            raise _bad_request(
+                f"input {name!r} has shape {list(array.shape)}, the signature wants {_shape_text(spec.shape)}"
+            )
+    batch_sizes = {name: array.shape[0] for name, array in arrays.items() if array.ndim}
     if len(set(batch_sizes.values())) > 1:
         raise _bad_request(f"inputs disagree on the batch size: {batch_sizes}")
     if 0 in batch_sizes.values():
         raise _bad_request("the batch is empty: send at least one row")
     check_inputs(signature_name, arrays)
-    return signature_name, arrays, row_format
 
 
 def check_inputs(signature_name: str, arrays: dict[str, np.ndarray]) -> None:
@@ -260,8 +288,8 @@ def _columns_from_instances(instances, specs: dict) -> dict:
 
 
 def _to_array(value, spec: tf.TensorSpec, name: str) -> np.ndarray:
-    """The JSON value as a numpy array of the input's dtype and rank (TF Serving's dtype rules), every element
-    checked: no booleans or strings for numbers, integers within the dtype's range, floats within float32's."""
+    """The JSON value as a numpy array of the input's dtype (TF Serving's dtype rules), every element checked: no
+    booleans or strings for numbers, integers within the dtype's range, floats within float32's."""
     shape, leaves = _rectangular(value, name)
     if spec.dtype == tf.string:
         array = np.empty(len(leaves), dtype=object)
@@ -271,11 +299,7 @@ def _to_array(value, spec: tf.TensorSpec, name: str) -> np.ndarray:
         for leaf in leaves:
             _check_number(leaf, spec.dtype, name)
         array = np.array(leaves, dtype=dtype)
-    array = array.reshape(shape)
-    expected = spec.shape
-    if array.ndim != expected.rank or not expected.is_compatible_with(array.shape):
-        raise _bad_request(f"input {name!r} has shape {list(array.shape)}, the signature wants {_shape_text(expected)}")
-    return array
+    return array.reshape(shape)  # check_arrays checks the shape
 
 
 def _rectangular(value, name: str) -> tuple[list[int], list]:

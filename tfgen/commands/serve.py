@@ -1,18 +1,24 @@
-"""`tfgen serve [EXPORT_DIR]`: a local server speaking TF Serving's REST API for an exported model (without
-EXPORT_DIR, for the shipped model, exported to a temporary folder first)."""
+"""`tfgen serve [EXPORT_DIR]`: a local server speaking TF Serving's REST and gRPC APIs for an exported model
+(without EXPORT_DIR, for the shipped model, exported to a temporary folder first). Its flags are TF Serving's:
+`--port` is the gRPC port (8500), `--rest_api_port` the REST port (8501), `--model_name` the model's name."""
 
 from __future__ import annotations
 
 import logging
 import os
 import tempfile
+from typing import Optional
 
 from tfgen.serving_options import (  # TF-free, so `tfgen serve --help` answers without TensorFlow
+    DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_PORT,
+    GRPC_INSTALL_HINT,
+    check_port,
     check_port_free,
     check_server_options,
+    grpc_available,
 )
 
 logger = logging.getLogger(__name__)
@@ -21,21 +27,29 @@ logger = logging.getLogger(__name__)
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve an export folder over TF Serving's REST API (plus :generate for text)",
+        help="serve an export folder over TF Serving's REST and gRPC APIs (plus :generate for text)",
         description="Serves the newest version under EXPORT_DIR at /v1/models/<name>: :predict (TF Serving's row "
-        "and columnar formats), status, /metadata, and :generate {\"text\": ...}. Without EXPORT_DIR, exports the "
-        "shipped model (every signature, XLA) to a temporary folder first and serves it as stdlib-gpt2. See "
-        "docs/serving.md.",
+        "and columnar formats), status, /metadata, and :generate {\"text\": ...} over REST (--rest_api_port), and "
+        "TF Serving's gRPC PredictionService (Predict, GetModelMetadata) and ModelService (GetModelStatus) on "
+        "--port. Without EXPORT_DIR, exports the shipped model (every signature, XLA) to a temporary folder first "
+        "and serves it as stdlib-gpt2. See docs/serving.md.",
     )
     parser.add_argument(
         "export_dir", metavar="EXPORT_DIR", nargs="?",
         help="folder written by `tfgen export` (default: the shipped model, exported at start)",
     )
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}, TF Serving's REST port (0: any free)"
+        "--port", type=int, default=None,
+        help=f"gRPC port (default {DEFAULT_GRPC_PORT}, TF Serving's; 0: any free). gRPC needs tensorflow-serving-api "
+        f"({GRPC_INSTALL_HINT}); without it the server answers REST only, and refuses an explicit --port",
+    )
+    parser.add_argument(
+        "--rest_api_port", "--rest-api-port", dest="rest_api_port", type=int, default=DEFAULT_PORT,
+        help=f"REST port (default {DEFAULT_PORT}, TF Serving's usual one; 0: any free)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
-    parser.add_argument("--model-name", help="name in the URLs (default: EXPORT_DIR's folder name)")
+    parser.add_argument("--model-name", "--model_name", dest="model_name",
+                        help="the model's name in URLs and gRPC model_spec.name (default: EXPORT_DIR's folder name)")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_BYTES})")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
@@ -44,14 +58,36 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def grpc_port(args) -> Optional[int]:
+    """The gRPC port to serve on (`--port`, else TF Serving's 8500), or None for REST only when the gRPC stubs are
+    not installed and `--port` was not given (a warning says how to install them). ValueError for a bad port, or
+    for an explicit `--port` without the stubs."""
+    port = DEFAULT_GRPC_PORT if args.port is None else args.port
+    check_port(port)
+    if grpc_available():
+        return port
+    if args.port is not None:
+        raise ValueError(f"port {args.port}: gRPC needs tensorflow-serving-api, which is not installed: "
+                         f"{GRPC_INSTALL_HINT} (or leave out --port to serve REST only)")
+    logger.warning("serving REST only: TF Serving's gRPC API (--port) needs tensorflow-serving-api: %s",
+                   GRPC_INSTALL_HINT)
+    return None
+
+
 def run(args) -> int:
     # Bad options and a port in use are reported before the model is loaded (or exported: a minute).
-    check_server_options(port=args.port, max_request_bytes=args.max_request_bytes,
-                         max_connections=args.max_connections)
-    check_port_free(args.host, args.port)
+    check_server_options(port=DEFAULT_GRPC_PORT if args.port is None else args.port,
+                         max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
+    check_port(args.rest_api_port, "rest_api_port")
+    port = grpc_port(args)
+    if port is not None:
+        if port == args.rest_api_port != 0:
+            raise ValueError(f"port and rest_api_port are both {port}: gRPC and REST need a port each")
+        check_port_free(args.host, port, "--port")
+    check_port_free(args.host, args.rest_api_port, "--rest_api_port")
     from tfgen.serving import serve
 
-    options = dict(host=args.host, port=args.port, model_name=args.model_name,
+    options = dict(host=args.host, port=args.rest_api_port, grpc_port=port, model_name=args.model_name,
                    max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
     if args.export_dir is not None:
         serve(args.export_dir, **options)
