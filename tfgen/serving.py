@@ -143,7 +143,40 @@ class _Handler(BaseHTTPRequestHandler):
                                    or self.headers.get("Content-Length", "0").strip() != "0"):
             # The body is still on the wire, where it would be read as the next request.
             self.close_connection = True
-        self._send_json(status, payload, headers)
+        if isinstance(payload, _TextStream):
+            self._send_stream(payload)
+        else:
+            self._send_json(status, payload, headers)
+
+    def _send_stream(self, stream: "_TextStream"):
+        """Server-sent events over a chunked response: `data: {"text": piece}` per piece, then
+        `data: {"done": true}` (or `event: error` with `{"error": ...}`). A client that hangs up ends the stream,
+        which frees its decode slot."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(payload: dict, kind: str = "") -> None:
+            data = (f"event: {kind}\n" if kind else "") + f"data: {json.dumps(payload)}\n\n"
+            chunk = data.encode("utf-8")
+            self.wfile.write(f"{len(chunk):x}\r\n".encode("ascii") + chunk + b"\r\n")
+            self.wfile.flush()
+
+        pieces = stream.pieces
+        try:
+            for piece in pieces:
+                event({"text": piece})
+            event({"done": True})
+        except RequestError as error:
+            event({"error": str(error)}, "error")
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+            raise  # the client left: closing `pieces` below cancels its row
+        finally:
+            pieces.close()
+        self.wfile.write(b"0\r\n\r\n")
 
     def _send_json(self, status: int, payload: dict, headers: dict):
         body = json.dumps(payload).encode("utf-8")
@@ -197,6 +230,8 @@ class _Handler(BaseHTTPRequestHandler):
         if verb == "predict":
             signature_name, inputs, row_format = parse_predict_request(body, model)
             return format_predict_response(model.predict(signature_name, inputs), row_format)
+        if isinstance(body, dict) and "stream" in body:
+            return _text_stream(model, body)
         return generate_text(model, body)
 
     def _body(self) -> bytes:
@@ -248,6 +283,33 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(self.timeout)
         self.body_read = True
         return b"".join(chunks)
+
+
+class _TextStream:
+    """A `:generate` answer sent as server-sent events (`pieces`: the text as it is generated)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+
+def _text_stream(model: ServedModel, body: dict):
+    """`{"text": "...", "stream": true}` -> a `_TextStream` (`"stream": false` answers as without it)."""
+    from tfgen.serving_engine import stream_text
+
+    stream = body["stream"]
+    if not isinstance(stream, bool):
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"stream must be true or false, got {json.dumps(stream)[:40]}")
+    rest = {name: value for name, value in body.items() if name != "stream"}
+    if not stream:
+        return generate_text(model, rest)
+    if set(rest) != {"text"} or not isinstance(rest["text"], str) or not rest["text"]:
+        raise RequestError(HTTPStatus.BAD_REQUEST, 'a streamed request is {"text": "<one non-empty string>", '
+                           '"stream": true}')
+    try:
+        encoded = rest["text"].encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"text is not valid Unicode: {error.reason}") from None
+    return _TextStream(stream_text(model, encoded))
 
 
 class ModelServer(ThreadingHTTPServer):

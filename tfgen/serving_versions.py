@@ -55,12 +55,13 @@ class ServedModels:
     """
 
     def __init__(self, export_dir, model_name: Optional[str] = None, *, loaded: Optional[ServedModel] = None,
-                 version_policy: str = "latest", warmup: bool = True):
+                 version_policy: str = "latest", warmup: bool = True, batching: Optional[dict] = None):
         check_polling_options(version_policy=version_policy)
         self.export_dir = os.fspath(export_dir) if export_dir is not None else None
         self.version_policy = version_policy
         self.warmup = warmup
-        first = loaded if loaded is not None else load_export(export_dir, model_name, warmup=warmup)
+        self.batching = batching  # `load_export`'s continuous-batching options for every version loaded
+        first = loaded if loaded is not None else load_export(export_dir, model_name, warmup=warmup, batching=batching)
         self.name = first.name
         self._lock = threading.Lock()  # guards _versions
         self._poll_lock = threading.Lock()  # one poll at a time
@@ -174,7 +175,8 @@ class ServedModels:
         """Loads `version` (warm-up included) and serves it; False, logged, when it fails."""
         started = time.monotonic()
         try:
-            model = load_export(self.export_dir, self.name, version=version, warmup=self.warmup)
+            model = load_export(self.export_dir, self.name, version=version, warmup=self.warmup,
+                                batching=self.batching)
         except Exception:
             logger.exception("version %d of %r failed to load; still serving %s", version, self.name,
                              [served.version for served in self.available()] or "nothing")

@@ -1,0 +1,1 @@
+"""Continuous batching: the slot programs (`slot_programs`) and the scheduler that drives them (`scheduler`)."""

@@ -1,0 +1,302 @@
+"""The continuous-batching scheduler: one thread that admits queued rows into free decode slots and advances every
+running slot a few tokens per call, handing each row its tokens as they come.
+
+    clients ──submit(rows)──▶ bounded queue ──admit (one slot_insert per round)──▶ slots [S]
+                                   │ full: 503 + Retry-After                          │
+                                   ▼                                                  ▼
+                              EngineFull                    slot_steps(k tokens) ──▶ deliver new tokens
+                                                            (rows join and leave between calls)
+
+Rows are independent (per-row seeds, knobs and budgets inside the programs), so a row's tokens are the ones a lone
+`generate()` call gives it, whoever shares the batch. A cancelled row (a client that hung up) frees its slot at the
+next call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STEPS_PER_CALL = 8
+#: Rows waiting for a slot, per slot, unless the server says otherwise.
+DEFAULT_QUEUE_PER_SLOT = 8
+_MIN_PROMPT_BUCKET = 8
+
+
+class EngineFull(Exception):
+    """The queue holds as many rows as it may: the caller should answer 503 with Retry-After."""
+
+
+class EngineStopped(Exception):
+    """The engine was closed, or its programs failed, before the row finished."""
+
+
+@dataclasses.dataclass(eq=False)
+class Row:
+    """One row to decode and, as it runs, its tokens.
+
+    input_ids / attention_mask: int32 `[W]`, the row as sent (its own left padding included). The knobs are those
+    of the `sample` signature; `do_sample` false decodes greedily. `tokens` grows as the row decodes; `listener`
+    (a queue) receives each new run of tokens as a list, then None when the row ended. `done` is set at the end;
+    `error` says why a row ended early (it then has no answer).
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    max_new_tokens: int
+    do_sample: bool = False
+    seed: tuple = (0, 0)
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    listener: Optional[queue.SimpleQueue] = None
+    tokens: list = dataclasses.field(default_factory=list)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: Optional[BaseException] = None
+    cancelled: bool = False
+    slot: Optional[int] = None
+
+    @property
+    def width(self) -> int:
+        return int(len(self.input_ids))
+
+    def wait(self, timeout: Optional[float] = None) -> list:
+        """The row's new tokens once it ended; EngineStopped when it could not finish, TimeoutError after
+        `timeout` seconds."""
+        if not self.done.wait(timeout):
+            raise TimeoutError("the row did not finish in time")
+        if self.error is not None:
+            raise self.error
+        return self.tokens
+
+
+class SlotEngine:
+    """Drives slot programs (`programs`: `init()`, `insert(state, rows)`, `steps(state, max_steps, release)`, and
+    the sizes `slots`, `length`, `budget_cap`) from a scheduler thread, started on the first `submit`.
+
+    steps_per_call: tokens each running row gets per `steps` call (a new row waits at most that long to join;
+    more amortise the call's fixed costs). max_queue: rows that may wait for a slot; `submit` raises EngineFull
+    beyond it.
+    """
+
+    def __init__(self, programs, *, steps_per_call: int = DEFAULT_STEPS_PER_CALL, max_queue: Optional[int] = None):
+        for name, value in (("steps_per_call", steps_per_call), ("max_queue", max_queue)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.programs = programs
+        self.slots, self.length, self.budget_cap = programs.slots, programs.length, programs.budget_cap
+        self.steps_per_call = steps_per_call
+        self.max_queue = max_queue or DEFAULT_QUEUE_PER_SLOT * self.slots
+        self._waiting: deque[Row] = deque()
+        self._owners: list[Optional[Row]] = [None] * self.slots
+        self._condition = threading.Condition()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        self._state = None
+        #: Calls made so far (for tests and the benchmark): inserts, steps, rows admitted.
+        self.counts = {"insert": 0, "steps": 0, "rows": 0}
+
+    def fits(self, width: int, max_new_tokens: int) -> bool:
+        """Whether a row of `width` columns and this budget fits a slot (else it must run as a whole call)."""
+        return 1 <= width and width + min(max(max_new_tokens, 0), self.budget_cap) <= self.length
+
+    def submit(self, rows: list[Row]) -> None:
+        """Queues `rows` (all or none: EngineFull when they would overflow the queue)."""
+        for row in rows:
+            if not self.fits(row.width, row.max_new_tokens):
+                raise ValueError(f"a row of {row.width} columns and {row.max_new_tokens} new tokens does not fit a "
+                                 f"slot of {self.length} columns")
+        with self._condition:
+            if self._closed:
+                raise EngineStopped("the engine is closed")
+            if len(self._waiting) + len(rows) > self.max_queue:
+                raise EngineFull(f"{len(self._waiting)} rows are waiting for a decode slot, the limit is "
+                                 f"{self.max_queue}")
+            self._waiting.extend(rows)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tfgen-slots", daemon=True)
+                self._thread.start()
+            self._condition.notify()
+
+    def cancel(self, row: Row) -> None:
+        """Ends `row` early (its client left): it leaves the queue, or its slot is freed at the next call."""
+        with self._condition:
+            row.cancelled = True
+            if row in self._waiting:
+                self._waiting.remove(row)
+                self._end(row, EngineStopped("cancelled"))
+            self._condition.notify()
+
+    @property
+    def busy_slots(self) -> int:
+        with self._condition:
+            return sum(owner is not None for owner in self._owners)
+
+    @property
+    def queued(self) -> int:
+        with self._condition:
+            return len(self._waiting)
+
+    def close(self) -> None:
+        """Stops the thread; rows not finished end with EngineStopped."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    # ------------------------------------------------------------------------------------------------------
+    # The scheduler thread
+
+    def _run(self) -> None:
+        try:
+            self._state = self.programs.init()
+            while True:
+                with self._condition:
+                    while not self._closed and not self._waiting and not any(self._owners):
+                        self._condition.wait()
+                    if self._closed:
+                        break
+                    admitted = self._take_waiting()
+                    released = self._release_cancelled()
+                if admitted:
+                    self._state = self.programs.insert(self._state, self._insert_rows(admitted))
+                    self.counts["insert"] += 1
+                    self.counts["rows"] += len(admitted)
+                    self._deliver()
+                if any(self._owners) or released.any():
+                    self._state = self.programs.steps(self._state, self.steps_per_call, released)
+                    self.counts["steps"] += 1
+                    self._deliver()
+        except BaseException as error:  # the programs failed: every row still here gets the error
+            logger.exception("the continuous-batching engine stopped")
+            failure = EngineStopped(f"the decode engine failed: {type(error).__name__}: {error}")
+        else:
+            failure = EngineStopped("the engine is closed")
+        with self._condition:
+            self._closed = True
+            rows = [row for row in self._owners if row is not None] + list(self._waiting)
+            self._owners = [None] * self.slots
+            self._waiting.clear()
+        for row in rows:
+            self._end(row, failure)
+
+    def _take_waiting(self) -> list[Row]:
+        """Waiting rows given a free slot each (under the lock), in arrival order."""
+        admitted = []
+        free = [slot for slot, owner in enumerate(self._owners) if owner is None]
+        while self._waiting and free:
+            row = self._waiting.popleft()
+            row.slot = free.pop(0)
+            self._owners[row.slot] = row
+            admitted.append(row)
+        return admitted
+
+    def _release_cancelled(self) -> np.ndarray:
+        """bool `[S]`: slots of cancelled rows, freed now (under the lock)."""
+        released = np.zeros([self.slots], bool)
+        for slot, row in enumerate(self._owners):
+            if row is not None and row.cancelled:
+                released[slot] = True
+                self._owners[slot] = None
+                self._end(row, EngineStopped("cancelled"))
+        return released
+
+    def _insert_rows(self, rows: list[Row]) -> dict:
+        """The `insert` inputs for `rows`: right padded to a power-of-two width (one program per width bucket)."""
+        widest = max(row.width for row in rows)
+        columns = min(max(_MIN_PROMPT_BUCKET, 1 << (widest - 1).bit_length()), self.length)
+        count = len(rows)
+        ids = np.zeros([count, columns], np.int32)
+        mask = np.zeros([count, columns], np.int32)
+        for index, row in enumerate(rows):
+            ids[index, :row.width] = row.input_ids
+            mask[index, :row.width] = row.attention_mask
+        return {
+            "input_ids": ids, "attention_mask": mask,
+            "width": np.array([row.width for row in rows], np.int32),
+            "slot": np.array([row.slot for row in rows], np.int32),
+            "max_new_tokens": np.array([row.max_new_tokens for row in rows], np.int32),
+            "seed": np.array([row.seed for row in rows], np.int32).reshape([count, 2]),
+            "do_sample": np.array([row.do_sample for row in rows], bool),
+            "temperature": np.array([row.temperature for row in rows], np.float32),
+            "top_k": np.array([row.top_k for row in rows], np.int32),
+            "top_p": np.array([row.top_p for row in rows], np.float32),
+        }
+
+    def _deliver(self) -> None:
+        """Hands every slot's new tokens to its row; rows that finished leave their slot."""
+        state = self._state
+        generated = np.asarray(state["generated"])
+        finished = np.asarray(state["finished"])
+        tokens = np.asarray(state["tokens"])
+        ended = []
+        with self._condition:
+            for slot, row in enumerate(self._owners):
+                if row is None:
+                    continue
+                start, stop = row.width + len(row.tokens), row.width + int(generated[slot])
+                if stop > start:
+                    new = tokens[slot, start:stop].tolist()
+                    row.tokens.extend(new)
+                    if row.listener is not None:
+                        row.listener.put(new)
+                if finished[slot]:
+                    self._owners[slot] = None
+                    ended.append(row)
+        for row in ended:
+            self._end(row, None)
+
+    @staticmethod
+    def _end(row: Row, error: Optional[BaseException]) -> None:
+        if row.done.is_set():
+            return
+        row.error = error
+        if row.listener is not None:
+            row.listener.put(None)
+        row.done.set()
+
+
+class ExportedSlots:
+    """The slot signatures of a loaded export (`slot_init`, `slot_insert`, `slot_steps`) as `SlotEngine` programs."""
+
+    def __init__(self, signatures: dict, info: dict):
+        self._init, self._insert, self._steps = (signatures[name] for name in ("slot_init", "slot_insert", "slot_steps"))
+        self.slots, self.length = int(info["slots"]), int(info["length"])
+        self.budget_cap, self.pad_token_id = int(info["max_new_tokens"]), int(info["pad_token_id"])
+        self.info = info
+
+    def init(self) -> dict:
+        return self._init()
+
+    def insert(self, state: dict, rows: dict) -> dict:
+        import tensorflow as tf
+
+        return self._insert(**state, **{f"new_{name}": tf.constant(value) for name, value in rows.items()})
+
+    def steps(self, state: dict, max_steps: int, release: np.ndarray) -> dict:
+        import tensorflow as tf
+
+        return self._steps(**state, max_steps=tf.constant(max_steps, tf.int32), release=tf.constant(release))
+
+
+def warm_up(engine: SlotEngine, timeout: float = 600.0) -> float:
+    """Decodes one short row through `engine` so that its programs compile now, not on a user's request; returns
+    the seconds it took."""
+    began = time.perf_counter()
+    row = Row(np.ones([1], np.int32), np.ones([1], np.int32), max_new_tokens=2)
+    engine.submit([row])
+    row.wait(timeout)
+    return time.perf_counter() - began
+
+
+__all__ = ["DEFAULT_STEPS_PER_CALL", "EngineFull", "EngineStopped", "ExportedSlots", "Row", "SlotEngine", "warm_up"]

@@ -1,0 +1,216 @@
+"""The three programs of continuous batching (JetStream's prefill / insert / generate split), over a decode state
+held in explicit tensors, so that they run in-process and export as SavedModel signatures alike.
+
+A *slot* is one row of a fixed-size decode batch (`slots` rows, `length` buffer columns). A request's row occupies a
+slot from its insertion until it finishes; requests join and leave between calls, and every slot carries its own
+budget, seed, knobs and stopping state. Layout of a slot: the request's row as sent (its own left padding
+included, attention mask 0 there) at columns `[0, W)`, then its new tokens; the cache slot of column `c` holds the
+keys/values of the token at `c` (models with a per-row `cache_index`, `row_cache_index = True`).
+
+    init_state()                         -> state    every slot empty (finished)
+    insert(state, rows)                  -> state    prefill `rows` into their slots and choose each one's first token
+    steps(state, max_steps, release)     -> state    up to `max_steps` tokens for every running slot (after ending
+                                                     the slots of `release`); stops early once every slot finished
+
+Tokens are chosen exactly as `generate()` chooses them for the same row alone (the `greedy` / `sample` signatures):
+the same processors over the same `input_ids` (HF's: the row as sent plus its new tokens), the same per-row
+sampling key folded with the row's token index. So a row's tokens never depend on who shares the batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tfgen.decoding.common import is_eos, sample_from_scores
+from tfgen.knobs import KNOBS
+from tfgen.processors import ProcessorContext, apply_processors
+from tfgen.stopping import stopped_rows
+
+#: Knobs of the sampling warpers: neutral in a greedy row (HF's greedy search runs no warper).
+WARPER_KNOBS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+#: Per-row request values `insert` takes besides the row itself (the `sample` signature's, plus `do_sample`).
+REQUEST_KNOBS = ("temperature", "top_k", "top_p")
+
+
+class SlotPrograms:
+    """The slot programs of one model and one decoding setup (a `DecodeSpec` whose processors are those of the
+    export's `sample` signature, and one row's knob values from the generation config).
+
+    slots / length: the decode batch (rows) and buffer columns, static. budget_cap: the most new tokens a row may
+    take (the export's `max_new_tokens`). max_positions: the model's positions (budgets are capped so that a row
+    fits), or None.
+    """
+
+    def __init__(self, model, spec, knobs: dict, *, pad_token_id: int, slots: int, length: int, budget_cap: int,
+                 max_positions: Optional[int] = None):
+        if not getattr(model, "row_cache_index", False):
+            raise ValueError(f"model: {type(model).__name__} does not declare `row_cache_index = True` (a "
+                             "call_with_cache taking one cache slot per row), which continuous batching needs.")
+        for name, value in (("slots", slots), ("length", length)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.model = model
+        self.spec = spec
+        self.slots, self.length = slots, length
+        self.budget_cap = int(budget_cap)
+        self.max_positions = max_positions
+        self.pad_token_id = int(pad_token_id)
+        self.vocab_size = int(model.config.vocab_size)
+        self.row_knobs = {name: np.asarray(value)[0] for name, value in knobs.items() if KNOBS[name].per_row}
+        self.shared_knobs = {name: np.asarray(value) for name, value in knobs.items() if not KNOBS[name].per_row}
+        self._head_apart = ("compute_logits" in inspect.signature(model.call_with_cache).parameters
+                            and callable(getattr(model, "logits_from_hidden", None)))
+
+    # ------------------------------------------------------------------------------------------------------
+    # The state
+
+    def state_specs(self) -> dict:
+        """{name: tf.TensorSpec} of the state (see `init_state` for each entry)."""
+        return {name: tf.TensorSpec(tensor.shape, tensor.dtype, name=name)
+                for name, tensor in self.init_state().items()}
+
+    def init_state(self) -> dict:
+        """The empty state, a flat dict (S slots, L columns):
+        tokens / mask int32 `[S, L]` (token buffer, attention mask over it); width int32 `[S]` (the row's columns as
+        sent, HF's prompt length); length int32 `[S]` (columns written: the next token goes to column `length`);
+        position int32 `[S]` (position id of the last written token, the one the next step runs); generated /
+        budget int32 `[S]`; finished bool `[S]` (empty slots are finished); seed int32 `[S, 2]`; do_sample bool
+        `[S]`; `knob_<name>` the per-row knobs `[S, ...]`; `cache_<i>` the model's cache leaves `[S, ...]`."""
+        slots, length = self.slots, self.length
+        zeros = tf.zeros([slots], tf.int32)
+        state = {
+            "tokens": tf.fill([slots, length], self.pad_token_id), "mask": tf.zeros([slots, length], tf.int32),
+            "width": zeros, "length": zeros, "position": zeros, "generated": zeros, "budget": zeros,
+            "finished": tf.ones([slots], tf.bool), "seed": tf.zeros([slots, 2], tf.int32),
+            "do_sample": tf.zeros([slots], tf.bool),
+        }
+        for name, value in self.row_knobs.items():
+            state[f"knob_{name}"] = tf.constant(np.repeat(value[np.newaxis], slots, axis=0))
+        for index, leaf in enumerate(tf.nest.flatten(self.model.init_cache(slots, length))):
+            state[f"cache_{index}"] = leaf
+        return state
+
+    def _cache(self, state: dict):
+        template = self.model.init_cache(1, 1)
+        leaves = [state[f"cache_{index}"] for index in range(len(tf.nest.flatten(template)))]
+        return tf.nest.pack_sequence_as(template, leaves)
+
+    def _with_cache(self, state: dict, cache) -> dict:
+        return {**state, **{f"cache_{index}": leaf for index, leaf in enumerate(tf.nest.flatten(cache))}}
+
+    def _knobs(self, state: dict) -> dict:
+        knobs = {name: tf.constant(value) for name, value in self.shared_knobs.items()}
+        knobs.update({name: state[f"knob_{name}"] for name in self.row_knobs})
+        return knobs
+
+    # ------------------------------------------------------------------------------------------------------
+    # insert
+
+    def insert(self, state: dict, rows: dict) -> dict:
+        """Prefills `rows` into their slots and chooses each one's first token.
+
+        rows: input_ids / attention_mask int32 `[n, P]` (each row as sent, then right padding: mask 0 and any id),
+        width int32 `[n]` (the row's own columns as sent, <= P), slot int32 `[n]` (distinct), max_new_tokens int32
+        `[n]`, seed int32 `[n, 2]`, do_sample bool `[n]`, and temperature float32 / top_k int32 / top_p float32 `[n]`
+        (used where do_sample). Returns the state.
+        """
+        ids, mask, width = rows["input_ids"], rows["attention_mask"], rows["width"]
+        count, prompt_columns = tf.unstack(tf.shape(ids))
+        length = self.length
+        # The new rows alone: their own buffer, cache and first token, then scattered into their slots.
+        tokens = tf.concat([ids, tf.fill([count, length - prompt_columns], self.pad_token_id)], axis=1)
+        row_mask = tf.concat([mask, tf.zeros([count, length - prompt_columns], tf.int32)], axis=1)
+        positions = tf.maximum(tf.cumsum(mask, axis=1) - 1, 0)
+        cache = self.model.init_cache(count, length)
+        last = tf.maximum(width - 1, 0)
+        if self._head_apart:
+            out = self.model.call_with_cache(ids, cache, tf.constant(0, tf.int32), row_mask, positions,
+                                             compute_logits=False)
+            hidden = tf.gather(out.hidden_states, last[:, tf.newaxis], axis=1, batch_dims=1)
+            logits = self.model.logits_from_hidden(hidden)[:, 0]
+        else:
+            out = self.model.call_with_cache(ids, cache, tf.constant(0, tf.int32), row_mask, positions)
+            logits = tf.gather(out.logits, last[:, tf.newaxis], axis=1, batch_dims=1)[:, 0]
+        budget = tf.clip_by_value(rows["max_new_tokens"], 0, self.budget_cap)
+        if self.max_positions is not None:
+            budget = tf.minimum(budget, self.max_positions - tf.reduce_sum(mask, axis=1))
+        budget = tf.minimum(budget, length - width)  # never past the buffer (the server routes longer rows elsewhere)
+        sampling = rows["do_sample"]
+        knobs = {}
+        for name, value in self.row_knobs.items():
+            default = tf.repeat(tf.constant(value)[tf.newaxis], count, axis=0)
+            chosen = tf.cast(rows[name], default.dtype) if name in REQUEST_KNOBS else default
+            if name in WARPER_KNOBS:
+                chosen = tf.where(sampling, chosen, tf.constant(KNOBS[name].neutral, default.dtype))
+            knobs[name] = chosen
+        new = {
+            "tokens": tokens, "mask": row_mask, "width": width, "length": width,
+            "position": tf.reduce_sum(mask, axis=1), "generated": tf.zeros([count], tf.int32), "budget": budget,
+            "finished": budget <= 0, "seed": rows["seed"], "do_sample": sampling,
+            **{f"knob_{name}": value for name, value in knobs.items()},
+        }
+        new = self._with_cache(new, out.cache)
+        new = self._choose(new, tf.cast(logits, tf.float32))
+        where = rows["slot"][:, tf.newaxis]
+        # Entries without elements (a knob of no values) have nothing to write.
+        return {name: value if value.shape.num_elements() == 0
+                else tf.tensor_scatter_nd_update(value, where, tf.cast(new[name], value.dtype))
+                for name, value in state.items()}
+
+    # ------------------------------------------------------------------------------------------------------
+    # steps
+
+    def steps(self, state: dict, max_steps, release) -> dict:
+        """Ends the slots where `release` (bool `[S]`) is true, then runs up to `max_steps` (int32 scalar) tokens
+        of every running slot, stopping early once every slot finished. Returns the state."""
+        state = {**state, "finished": state["finished"] | release}
+
+        def keep_going(count, state):
+            return (count < max_steps) & ~tf.reduce_all(state["finished"])
+
+        def step(count, state):
+            return count + 1, self._step(state)
+
+        return tf.while_loop(keep_going, step, (tf.constant(0, tf.int32), state))[1]
+
+    def _step(self, state: dict) -> dict:
+        """Runs every slot's last written token through the model and chooses the next one."""
+        pending = tf.maximum(state["length"] - 1, 0)
+        tokens = tf.gather(state["tokens"], pending[:, tf.newaxis], axis=1, batch_dims=1)
+        out = self.model.call_with_cache(tokens, self._cache(state), pending, state["mask"],
+                                         state["position"][:, tf.newaxis])
+        running = ~state["finished"]
+        state = self._with_cache(state, out.cache)
+        state["position"] = state["position"] + tf.cast(running, tf.int32)
+        return self._choose(state, tf.cast(out.logits[:, -1, :], tf.float32))
+
+    def _choose(self, state: dict, logits) -> dict:
+        """Chooses each running row's token at column `length` from `logits` float32 `[R, V]` and writes it."""
+        column, width = state["length"], state["width"]
+        context = ProcessorContext(sequences=state["tokens"], start=tf.constant(0, tf.int32), cur_len=column,
+                                   prompt_len=width[:, tf.newaxis], max_length=width + state["budget"])
+        scores = apply_processors(self.spec.processor_spec, logits, context, self._knobs(state))
+        sampled = sample_from_scores(scores, state["seed"], state["generated"])
+        chosen = tf.where(state["do_sample"], sampled, tf.argmax(scores, axis=-1, output_type=tf.int32))
+        running = ~state["finished"]
+        written = (tf.range(self.length)[tf.newaxis] == column[:, tf.newaxis]) & running[:, tf.newaxis]
+        tokens = tf.where(written, chosen[:, tf.newaxis], state["tokens"])
+        ends = is_eos(chosen, tf.constant(self.shared_knobs["eos_token_ids"])) | (
+            state["generated"] + 1 >= state["budget"])
+        stopped = stopped_rows(self.spec.stop_strings, (), tokens, column, tf.constant(0, tf.int32),
+                               self.pad_token_id, scores)
+        if stopped is not None:
+            ends |= stopped
+        step = tf.cast(running, tf.int32)
+        return {
+            **state, "tokens": tokens, "mask": tf.where(written, 1, state["mask"]),
+            "finished": state["finished"] | (running & ends), "generated": state["generated"] + step,
+            "length": column + step,
+        }
+
+
+__all__ = ["REQUEST_KNOBS", "SlotPrograms", "WARPER_KNOBS"]

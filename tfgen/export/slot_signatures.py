@@ -1,0 +1,83 @@
+"""Continuous batching from the export alone: the `slot_init`, `slot_insert` and `slot_steps` signatures.
+
+They are `tfgen.engine.slot_programs.SlotPrograms` with the decode state as explicit tensors, so a driver outside
+tfgen (another process, a TPU host, `tfgen serve`'s engine) runs continuous batching over a plain SavedModel:
+
+    state = slot_init()                                       every slot empty
+    state = slot_insert(**state, new_input_ids=..., ...)      admit rows into free slots (prefill + first token)
+    state = slot_steps(**state, max_steps=k, release=...)     advance every running slot up to k tokens
+
+Every state entry is an input and an output of the same name (`state_specs`), so outputs feed the next call as
+they are. The contract (each entry's meaning and shape) is `SlotPrograms.init_state`'s docstring and
+`docs/serving.md`. The decoding is the `sample` signature's (the export's processors and stop strings, per-row
+temperature / top_k / top_p / seed / budget), with `new_do_sample` false giving the `greedy` signature's tokens.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfgen.engine.slot_programs import REQUEST_KNOBS, SlotPrograms
+from tfgen.export.signatures import SIGNATURES
+
+SLOT_SIGNATURES = ("slot_init", "slot_insert", "slot_steps")
+#: The row inputs of `slot_insert` (each prefixed `new_`), with their dtypes and shapes after the row axis.
+INSERT_INPUTS = {
+    "input_ids": (tf.int32, [None]), "attention_mask": (tf.int32, [None]), "width": (tf.int32, []),
+    "slot": (tf.int32, []), "max_new_tokens": (tf.int32, []), "seed": (tf.int32, [2]), "do_sample": (tf.bool, []),
+    "temperature": (tf.float32, []), "top_k": (tf.int32, []), "top_p": (tf.float32, []),
+}
+DEFAULT_SLOTS = 8
+
+
+def slot_programs_for_export(exporter, slots: int, length: int) -> SlotPrograms:
+    """The `SlotPrograms` of an export (`tfgen.export.saved_model._Exporter`): the `sample` signature's decoding."""
+    spec, knobs = exporter.plan(SIGNATURES["sample"])
+    return SlotPrograms(exporter.model, spec, knobs, pad_token_id=exporter.pad_token_id, slots=slots, length=length,
+                        budget_cap=exporter.buffer_new_tokens, max_positions=exporter.max_positions)
+
+
+def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
+    """{signature name: concrete function} of the three slot signatures."""
+    state_specs = programs.state_specs()
+    row_specs = {f"new_{name}": tf.TensorSpec([None, *shape], dtype, name=f"new_{name}")
+                 for name, (dtype, shape) in INSERT_INPUTS.items()}
+    steps_specs = {"max_steps": tf.TensorSpec([], tf.int32, name="max_steps"),
+                   "release": tf.TensorSpec([programs.slots], tf.bool, name="release")}
+    insert_program = tf.function(programs.insert, jit_compile=jit_compile, autograph=False)
+    steps_program = tf.function(programs.steps, jit_compile=jit_compile, autograph=False)
+
+    def init():
+        return programs.init_state()
+
+    def insert(inputs):
+        state = {name: inputs[name] for name in state_specs}
+        rows = {name: inputs[f"new_{name}"] for name in INSERT_INPUTS}
+        return insert_program(state, rows)
+
+    def steps(inputs):
+        state = {name: inputs[name] for name in state_specs}
+        return steps_program(state, inputs["max_steps"], inputs["release"])
+
+    return {
+        "slot_init": tf.function(init, input_signature=[], autograph=False).get_concrete_function(),
+        "slot_insert": tf.function(insert, input_signature=[{**state_specs, **row_specs}],
+                                   autograph=False).get_concrete_function(),
+        "slot_steps": tf.function(steps, input_signature=[{**state_specs, **steps_specs}],
+                                  autograph=False).get_concrete_function(),
+    }
+
+
+def slot_info(programs: SlotPrograms, config) -> dict:
+    """What a driver needs besides the signatures (written to `assets.extra/tfgen_export.json` under "slots"):
+    sizes, the pad id, and the config's sampling defaults (what `serving_default` / `generate_text` decode with)."""
+    defaults = {name: programs.row_knobs[name].item() for name in REQUEST_KNOBS if name in programs.row_knobs}
+    return {
+        "slots": programs.slots, "length": programs.length, "max_new_tokens": programs.budget_cap,
+        "pad_token_id": programs.pad_token_id, "vocab_size": programs.vocab_size, "max_positions": programs.max_positions,
+        "serving_default_mode": config.get_generation_mode().value, "knobs": defaults,
+    }
+
+
+__all__ = ["DEFAULT_SLOTS", "INSERT_INPUTS", "SLOT_SIGNATURES", "slot_functions", "slot_info",
+           "slot_programs_for_export"]
