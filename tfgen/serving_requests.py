@@ -16,7 +16,7 @@ import math
 import os
 import re
 from http import HTTPStatus
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -58,9 +58,20 @@ class ServedModel:
     signatures: dict  # name -> concrete function
     input_specs: dict  # name -> {input name: tf.TensorSpec}
     signature_defs: dict  # name -> SignatureDef as TF Serving's JSON
+    #: The continuous-batching engine (`tfgen.engine.scheduler.SlotEngine`) when the export has slot signatures
+    #: and the server runs one (`tfgen.serving_engine.attach_engine`), else None.
+    engine: Any = None
 
     def predict(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Runs one signature on numpy inputs; graph checks that fail become a 400 RequestError."""
+        """Runs one signature on numpy inputs — greedy and sampling rows through the continuous-batching engine when
+        there is one (the same outputs) — graph checks that fail become a 400 RequestError, a full engine queue
+        a 503."""
+        if self.engine is not None:
+            from tfgen.serving_engine import engine_predict
+
+            outputs = engine_predict(self, signature_name, inputs)
+            if outputs is not None:
+                return outputs
         function = self.signatures[signature_name]
         try:
             outputs = function(**{name: tf.constant(value) for name, value in inputs.items()})
@@ -69,17 +80,22 @@ class ServedModel:
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
     def close(self) -> None:
-        """Stops what this version runs in the background (nothing yet)."""
+        """Stops what this version runs in the background (its engine; rows still decoding get a 503)."""
+        if self.engine is not None:
+            self.engine.close()
 
 
 def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None, *, version: Optional[int] = None,
-                warmup: bool = True) -> ServedModel:
+                warmup: bool = True, batching: Optional[dict] = None) -> ServedModel:
     """Loads a version under `export_dir` for serving: `version`, else the newest (TF Serving's default policy).
 
     `export_dir` holds numeric version folders, as `tfgen export` writes them. `model_name` defaults to the
     folder's name (TF Serving's docker image takes it from `MODEL_NAME`). With `warmup`, the export's
     `assets.extra/tf_serving_warmup_requests` run once each before it returns, as TF Serving runs them, so the
-    first request does not build the programs. Raises OSError when no (such) version exists.
+    first request does not build the programs. `batching`: options of `tfgen.serving_engine.attach_engine`
+    (`steps_per_call`, `max_queue`) to decode greedy and sampling requests with continuous batching when the
+    export has slot signatures (None: every request runs its signature as a whole call). Raises OSError when no
+    (such) version exists.
     """
     export_dir = os.fspath(export_dir)
     versions = export_versions(export_dir)
@@ -104,7 +120,7 @@ def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None,
         from tfgen.export.warmup import replay_warmup_requests
 
         replay_warmup_requests(directory, signatures)
-    return ServedModel(
+    served = ServedModel(
         name=model_name or os.path.basename(os.path.normpath(export_dir)),
         version=int(version),
         directory=directory,
@@ -115,6 +131,11 @@ def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None,
             for name, definition in meta_graph.signature_def.items()
         },
     )
+    if batching is not None:
+        from tfgen.serving_engine import attach_engine
+
+        attach_engine(served, warm=warmup, **batching)
+    return served
 
 
 def export_versions(export_dir: str) -> list[int]:
@@ -255,7 +276,13 @@ def generate_text(model: ServedModel, body) -> dict:
         raise _bad_request("text must be a string or a non-empty list of strings")
     inputs = {"text": np.array([_utf8(item, f"text[{index}]") for index, item in enumerate(texts)], dtype=object)}
     check_inputs(TEXT_SIGNATURE, inputs)
-    generated = json_value(model.predict(TEXT_SIGNATURE, inputs)["text"])
+    generated = None
+    if model.engine is not None:
+        from tfgen.serving_engine import engine_text
+
+        generated = engine_text(model, list(inputs["text"]))
+    if generated is None:
+        generated = json_value(model.predict(TEXT_SIGNATURE, inputs)["text"])
     return {"text": generated[0] if single else generated}
 
 
