@@ -149,3 +149,18 @@ def test_bad_polling_options_are_refused_by_name(tmp_path, version_one):
             models.start_polling(10)
     finally:
         models.close()
+
+
+def test_the_command_line_sets_the_poll_interval(monkeypatch, capsys, tmp_path):
+    import tfgen.serving
+    from tfgen.cli import main
+
+    seen = {}
+    monkeypatch.setattr(tfgen.serving, "serve", lambda export_dir, **options: seen.update(options))
+    ports = ["--port", "0", "--rest_api_port", "0"]
+    assert main(["serve", str(tmp_path), *ports, "--file_system_poll_wait_seconds", "0.5"]) == 0
+    assert seen["poll_interval_s"] == 0.5
+    assert main(["serve", str(tmp_path), *ports]) == 0 and seen["poll_interval_s"] == 1.0  # TF Serving's default
+    for bad in ("-1", "nan"):
+        assert main(["serve", str(tmp_path), *ports, "--file-system-poll-wait-seconds", bad]) == 2
+        assert "--file_system_poll_wait_seconds must be a finite number" in capsys.readouterr().err

@@ -9,13 +9,18 @@ import importlib.util
 import socket
 from typing import Optional
 
-from tfgen.value_types import is_integer
+from tfgen.value_types import is_integer, is_real
 
 DEFAULT_PORT = 8501  # TF Serving's REST port (its --rest_api_port)
 DEFAULT_GRPC_PORT = 8500  # TF Serving's gRPC port (its --port)
 GRPC_INSTALL_HINT = 'pip install "tfgen[serve]"'
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 64
+#: Seconds between two looks at the export folder for new versions (TF Serving's `--file_system_poll_wait_seconds`
+#: default).
+DEFAULT_POLL_INTERVAL = 1.0
+#: TF Serving's version policies: `latest` serves the newest version only, `all` every version on disk.
+VERSION_POLICIES = ("latest", "all")
 
 
 def check_server_options(*, port: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -31,6 +36,16 @@ def check_port(port, name: str = "port") -> None:
     """Raises ValueError, naming the option `name`, unless `port` is an integer in 0..65535 (0: any free port)."""
     if not is_integer(port) or not 0 <= port <= 65535:
         raise ValueError(f"{name} must be an integer in 0..65535 (0: any free port), got {port!r}")
+
+
+def check_polling_options(*, poll_interval_s=DEFAULT_POLL_INTERVAL, version_policy: str = "latest") -> None:
+    """Raises ValueError naming the first bad option: `poll_interval_s` a number >= 0 (0 or None: no polling),
+    `version_policy` one of VERSION_POLICIES."""
+    if poll_interval_s is not None and (not is_real(poll_interval_s) or not 0 <= poll_interval_s < float("inf")):
+        raise ValueError(f"poll_interval_s must be a finite number of seconds >= 0 (0: no polling), got "
+                         f"{poll_interval_s!r}")
+    if version_policy not in VERSION_POLICIES:
+        raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, got {version_policy!r}")
 
 
 def check_port_free(host: str, port: int, option: Optional[str] = None) -> None:

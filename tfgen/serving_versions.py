@@ -22,25 +22,14 @@ import time
 from http import HTTPStatus
 from typing import Optional
 
+from tfgen.serving_options import DEFAULT_POLL_INTERVAL, VERSION_POLICIES, check_polling_options
 from tfgen.serving_requests import RequestError, ServedModel, export_versions, load_export
 from tfgen.value_types import is_real
 
+# Re-exported: the options' defaults and checks live in `tfgen.serving_options` (TF-free, for the command line).
+__all__ = ["DEFAULT_POLL_INTERVAL", "VERSION_POLICIES", "ServedModels", "check_polling_options"]
+
 logger = logging.getLogger(__name__)
-
-#: TF Serving's version policies: `latest` serves the newest version only, `all` every version on disk.
-VERSION_POLICIES = ("latest", "all")
-#: Seconds between two looks at the export folder (TF Serving's `--file_system_poll_wait_seconds` default).
-DEFAULT_POLL_INTERVAL = 1.0
-
-
-def check_polling_options(*, poll_interval_s=DEFAULT_POLL_INTERVAL, version_policy: str = "latest") -> None:
-    """Raises ValueError naming the first bad option: `poll_interval_s` a number >= 0 (0 or None: no polling),
-    `version_policy` one of VERSION_POLICIES."""
-    if poll_interval_s is not None and (not is_real(poll_interval_s) or not 0 <= poll_interval_s < float("inf")):
-        raise ValueError(f"poll_interval_s must be a finite number of seconds >= 0 (0: no polling), got "
-                         f"{poll_interval_s!r}")
-    if version_policy not in VERSION_POLICIES:
-        raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, got {version_policy!r}")
 
 
 class ServedModels:

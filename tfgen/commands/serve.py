@@ -13,6 +13,7 @@ from tfgen.serving_options import (  # TF-free, so `tfgen serve --help` answers 
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_POLL_INTERVAL,
     DEFAULT_PORT,
     GRPC_INSTALL_HINT,
     check_port,
@@ -55,6 +56,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="connections served at once, one thread each; more are answered 503 with Retry-After "
                         f"(default {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--file_system_poll_wait_seconds", "--file-system-poll-wait-seconds", type=float,
+                        dest="file_system_poll_wait_seconds", default=DEFAULT_POLL_INTERVAL,
+                        help="seconds between looks at EXPORT_DIR for new version folders, which are loaded, warmed "
+                        "up and served in place of the older one (TF Serving's flag; "
+                        f"default {DEFAULT_POLL_INTERVAL:g}; 0: never)")
     parser.set_defaults(handler=run)
 
 
@@ -79,6 +85,9 @@ def run(args) -> int:
     check_server_options(port=DEFAULT_GRPC_PORT if args.port is None else args.port,
                          max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
     check_port(args.rest_api_port, "rest_api_port")
+    if not 0 <= args.file_system_poll_wait_seconds < float("inf"):  # NaN too
+        raise ValueError("--file_system_poll_wait_seconds must be a finite number of seconds >= 0 (0: never), got "
+                         f"{args.file_system_poll_wait_seconds}")
     port = grpc_port(args)
     if port is not None:
         if port == args.rest_api_port != 0:
@@ -88,6 +97,7 @@ def run(args) -> int:
     from tfgen.serving import serve
 
     options = dict(host=args.host, port=args.rest_api_port, grpc_port=port, model_name=args.model_name,
+                   poll_interval_s=args.file_system_poll_wait_seconds,
                    max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
     if args.export_dir is not None:
         serve(args.export_dir, **options)
