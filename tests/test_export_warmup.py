@@ -25,6 +25,7 @@ from tfgen.export.warmup import (
     warmup_prompt_tokens,
     warmup_requests,
     warmup_text,
+    write_warmup_requests,
 )
 
 prediction_log_pb2 = pytest.importorskip("tensorflow_serving.apis.prediction_log_pb2")
@@ -160,6 +161,20 @@ def test_warmup_text_is_one_the_model_can_read(caplog):
     assert "no warm-up request for 'generate_text'" in caplog.text
     with pytest.raises(ValueError, match="tokenizer"):
         warmup_requests(specs, 97)
+
+
+def test_several_requests_per_signature_keep_their_order(tmp_path):
+    specs = {name: tf.TensorSpec([None, None], tf.int32) for name in ("input_ids", "attention_mask")}
+    specs["max_new_tokens"] = tf.TensorSpec([None], tf.int32)
+    shapes = [(1, 4), (3, 4), (2, 6)]
+    pairs = [("greedy", {name: np.repeat(value, batch, axis=0)
+                         for name, value in warmup_inputs(specs, 97, width).items()}) for batch, width in shapes]
+    path = str(tmp_path / WARMUP_FILE)
+    assert write_warmup_requests(path, pairs, "gpt2") == 3
+    for official in (True, False):
+        back = read_warmup_requests(path, official=official)
+        assert [(name, inputs["input_ids"].shape) for name, inputs in back] == [("greedy", shape) for shape in shapes]
+        assert back[1][1]["max_new_tokens"].tolist() == [WARMUP_NEW_TOKENS] * 3
 
 
 def test_warmup_inputs_refuse_what_they_cannot_fill():

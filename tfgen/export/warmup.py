@@ -109,13 +109,15 @@ def warmup_prompt_tokens(max_positions: Optional[int], buffer_new_tokens: int) -
     return max(1, min(WARMUP_PROMPT_TOKENS, int(max_positions) - int(buffer_new_tokens)))
 
 
-def write_warmup_requests(path: str, requests: dict[str, dict], model_name: str = "") -> int:
-    """Writes `{signature name: {input name: numpy array}}` to `path` as TFRecord PredictionLog records, one per
-    signature; returns how many."""
+def write_warmup_requests(path: str, requests, model_name: str = "") -> int:
+    """Writes requests — `{signature name: {input name: numpy array}}`, or `(signature name, inputs)` pairs to have
+    several per signature (e.g. one per prompt width and batch size an XLA export serves) — to `path` as TFRecord
+    PredictionLog records, in order; returns how many."""
+    pairs = list(requests.items() if isinstance(requests, dict) else requests)
     with tf.io.TFRecordWriter(os.fspath(path)) as writer:
-        for signature_name, inputs in requests.items():
+        for signature_name, inputs in pairs:
             writer.write(prediction_log_bytes(signature_name, inputs, model_name))
-    return len(requests)
+    return len(pairs)
 
 
 def prediction_log_bytes(signature_name: str, inputs: dict, model_name: str = "", *,
