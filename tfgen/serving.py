@@ -36,7 +36,6 @@ import time
 import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
 
 from tfgen.serving_options import (
     DEFAULT_MAX_CONNECTIONS,
@@ -46,7 +45,8 @@ from tfgen.serving_options import (
     check_port_free,
     check_server_options,
 )
-from tfgen.serving_versions import DEFAULT_POLL_INTERVAL, ServedModels, check_polling_options
+from tfgen.serving_engine import TextStream, text_stream
+from tfgen.serving_versions import ServedModels
 from tfgen.serving_requests import (
     TEXT_SIGNATURE,
     RequestError,
@@ -143,40 +143,26 @@ class _Handler(BaseHTTPRequestHandler):
                                    or self.headers.get("Content-Length", "0").strip() != "0"):
             # The body is still on the wire, where it would be read as the next request.
             self.close_connection = True
-        if isinstance(payload, _TextStream):
+        if isinstance(payload, TextStream):
             self._send_stream(payload)
         else:
             self._send_json(status, payload, headers)
 
-    def _send_stream(self, stream: "_TextStream"):
-        """Server-sent events over a chunked response: `data: {"text": piece}` per piece, then
-        `data: {"done": true}` (or `event: error` with `{"error": ...}`). A client that hangs up ends the stream,
-        which frees its decode slot."""
+    def _send_stream(self, stream: TextStream):
+        """Server-sent events over a chunked response (`tfgen.serving_engine.TextStream`); a client that hangs up
+        ends the stream, which frees its decode slot."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-
-        def event(payload: dict, kind: str = "") -> None:
-            data = (f"event: {kind}\n" if kind else "") + f"data: {json.dumps(payload)}\n\n"
-            chunk = data.encode("utf-8")
-            self.wfile.write(f"{len(chunk):x}\r\n".encode("ascii") + chunk + b"\r\n")
-            self.wfile.flush()
-
-        pieces = stream.pieces
         try:
-            for piece in pieces:
-                event({"text": piece})
-            event({"done": True})
-        except RequestError as error:
-            event({"error": str(error)}, "error")
+            for chunk in stream.chunks():
+                self.wfile.write(chunk)
+                self.wfile.flush()
         except (ConnectionError, TimeoutError):
             self.close_connection = True
-            raise  # the client left: closing `pieces` below cancels its row
-        finally:
-            pieces.close()
-        self.wfile.write(b"0\r\n\r\n")
+            raise
 
     def _send_json(self, status: int, payload: dict, headers: dict):
         body = json.dumps(payload).encode("utf-8")
@@ -231,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             signature_name, inputs, row_format = parse_predict_request(body, model)
             return format_predict_response(model.predict(signature_name, inputs), row_format)
         if isinstance(body, dict) and "stream" in body:
-            return _text_stream(model, body)
+            return text_stream(model, body, generate_text)
         return generate_text(model, body)
 
     def _body(self) -> bytes:
@@ -285,33 +271,6 @@ class _Handler(BaseHTTPRequestHandler):
         return b"".join(chunks)
 
 
-class _TextStream:
-    """A `:generate` answer sent as server-sent events (`pieces`: the text as it is generated)."""
-
-    def __init__(self, pieces):
-        self.pieces = pieces
-
-
-def _text_stream(model: ServedModel, body: dict):
-    """`{"text": "...", "stream": true}` -> a `_TextStream` (`"stream": false` answers as without it)."""
-    from tfgen.serving_engine import stream_text
-
-    stream = body["stream"]
-    if not isinstance(stream, bool):
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"stream must be true or false, got {json.dumps(stream)[:40]}")
-    rest = {name: value for name, value in body.items() if name != "stream"}
-    if not stream:
-        return generate_text(model, rest)
-    if set(rest) != {"text"} or not isinstance(rest["text"], str) or not rest["text"]:
-        raise RequestError(HTTPStatus.BAD_REQUEST, 'a streamed request is {"text": "<one non-empty string>", '
-                           '"stream": true}')
-    try:
-        encoded = rest["text"].encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"text is not valid Unicode: {error.reason}") from None
-    return _TextStream(stream_text(model, encoded))
-
-
 class ModelServer(ThreadingHTTPServer):
     """`ThreadingHTTPServer` serving one `ServedModel`; `serve_forever()` runs it, `shutdown()` stops it.
 
@@ -328,7 +287,6 @@ class ModelServer(ThreadingHTTPServer):
     def __init__(self, model: ServedModel | ServedModels, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
-        self.models = model if isinstance(model, ServedModels) else ServedModels.of(model)
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
         self._open = 0
@@ -337,6 +295,7 @@ class ModelServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as error:
             raise OSError(bind_failure(host, port, error)) from None
+        self.models = model if isinstance(model, ServedModels) else ServedModels.of(model)
 
     @property
     def model(self) -> ServedModel:
@@ -420,53 +379,12 @@ def _close_gently(connection: socket.socket) -> None:
         connection.close()
 
 
-def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_name: Optional[str] = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-          poll_interval_s: Optional[float] = DEFAULT_POLL_INTERVAL, version_policy: str = "latest",
-          grpc_port: Optional[int] = None) -> None:
-    """Loads the newest version under `export_dir` (every version with `version_policy="all"`) and serves it until
-    interrupted (Ctrl-C), looking for new versions every `poll_interval_s` seconds (0 or None: never; see
-    `tfgen.serving_versions`). REST listens on `port`; with `grpc_port`, TF Serving's gRPC API too (0 for either:
-    any free port; needs `pip install "tfgen[serve]"`)."""
-    check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
-    check_polling_options(poll_interval_s=poll_interval_s, version_policy=version_policy)
-    if grpc_port is not None:
-        check_server_options(port=grpc_port)
-        from tfgen.serving_grpc import GrpcModelServer  # tensorflow-serving-api: `pip install "tfgen[serve]"`
-    models = ServedModels(export_dir, model_name, version_policy=version_policy)
-    try:
-        server = ModelServer(models, host, port, max_request_bytes, max_connections)
-        try:
-            grpc_server = None if grpc_port is None else GrpcModelServer(models, host, grpc_port, max_request_bytes,
-                                                                         max_connections)
-        except BaseException:
-            server.server_close()
-            raise
-        if poll_interval_s:
-            models.start_polling(poll_interval_s)
-        model = models.latest
-        polling = f", polling every {poll_interval_s:g} s" if poll_interval_s else ""
-        print(f"serving {model.name!r} version {', '.join(str(each.version) for each in models.available())} "
-              f"({', '.join(sorted(model.signatures))}) at {server.url}/v1/models/{model.name}{polling}",
-              file=sys.stderr, flush=True)
-        if grpc_server is not None:
-            grpc_server.start()
-            print(f"gRPC (TF Serving's PredictionService, ModelService) for {model.name!r} at {grpc_server.target}",
-                  file=sys.stderr, flush=True)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            if grpc_server is not None:
-                grpc_server.stop()
-            server.server_close()
-    finally:
-        models.close()
-
-
 def start_in_thread(server: ModelServer) -> threading.Thread:
     """Runs `server.serve_forever()` in a daemon thread (for tests and notebooks); stop with `server.shutdown()`."""
     thread = threading.Thread(target=server.serve_forever, name="tfgen-serve", daemon=True)
     thread.start()
     return thread
+
+
+# At the end: `serve` builds a ModelServer (defined above) and is imported from here by callers.
+from tfgen.serving_main import serve  # noqa: E402

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.engine.scheduler import EngineFull, EngineStopped, ExportedSlots, Row, SlotEngine, warm_up
-from tfgen.serving_requests import RequestError, ServedModel, TEXT_SIGNATURE, _bad_request, _error_text
+from tfgen.serving_requests import RequestError, ServedModel, bad_request, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _check_prompt(info: dict, ids: np.ndarray, mask: np.ndarray) -> None:
         request_checks(tf.constant(ids), tf.constant(mask), {}, (), vocab_size=info["vocab_size"],
                        max_positions=info["max_positions"], buffer_new_tokens=info["max_new_tokens"])
     except tf.errors.InvalidArgumentError as error:
-        raise _bad_request(_error_text(error.message)) from None
+        raise bad_request(error_text(error.message)) from None
 
 
 def _prompt_seeds(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -180,7 +180,7 @@ def stream_text(served: ServedModel, text: bytes) -> Iterator[str]:
     stream (no slot or text signatures), the prompt does not fit a slot, or the queue is full."""
     found = text_rows(served, [text])
     if found is None:
-        raise _bad_request("streaming needs an export with the slot and text signatures (tfgen export with a "
+        raise bad_request("streaming needs an export with the slot and text signatures (tfgen export with a "
                            "tokenizer and slots > 0) and a prompt that fits a slot")
     (row,), _ = found
     row.listener = queue.SimpleQueue()
@@ -207,4 +207,47 @@ def _pieces(served: ServedModel, row: Row) -> Iterator[str]:
             served.engine.cancel(row)
 
 
-__all__ = ["attach_engine", "engine_predict", "engine_rows", "engine_text", "stream_text"]
+class TextStream:
+    """A `:generate` answer sent as server-sent events: `pieces`, the text as it is generated."""
+
+    def __init__(self, pieces: Iterator[str]):
+        self.pieces = pieces
+
+    def chunks(self) -> Iterator[bytes]:
+        """The HTTP/1.1 chunks of the answer: `data: {"text": piece}` per piece, then `data: {"done": true}` (or
+        `event: error` with `data: {"error": ...}`), then the last chunk. Closing it early (the client left)
+        cancels the row."""
+        def chunk(payload: dict, kind: str = "") -> bytes:
+            data = ((f"event: {kind}\n" if kind else "") + f"data: {json.dumps(payload)}\n\n").encode("utf-8")
+            return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n"
+
+        try:
+            for piece in self.pieces:
+                yield chunk({"text": piece})
+            yield chunk({"done": True})
+        except RequestError as error:
+            yield chunk({"error": str(error)}, "error")
+        finally:
+            self.pieces.close()
+        yield b"0\r\n\r\n"
+
+
+def text_stream(model: ServedModel, body: dict, answer_whole):
+    """`{"text": "...", "stream": true}` -> a `TextStream`; `"stream": false` answers `answer_whole(model, body)`
+    without the flag. RequestError 400 for anything else."""
+    stream = body["stream"]
+    if not isinstance(stream, bool):
+        raise bad_request(f"stream must be true or false, got {json.dumps(stream)[:40]}")
+    rest = {name: value for name, value in body.items() if name != "stream"}
+    if not stream:
+        return answer_whole(model, rest)
+    if set(rest) != {"text"} or not isinstance(rest["text"], str) or not rest["text"]:
+        raise bad_request('a streamed request is {"text": "<one non-empty string>", "stream": true}')
+    try:
+        encoded = rest["text"].encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_request(f"text is not valid Unicode: {error.reason}") from None
+    return TextStream(stream_text(model, encoded))
+
+
+__all__ = ["TextStream", "attach_engine", "text_stream", "engine_predict", "engine_rows", "engine_text", "stream_text"]

@@ -69,7 +69,7 @@ def grpc_code(status: int) -> grpc.StatusCode:
     return _CODES.get(status, grpc.StatusCode.INTERNAL)
 
 
-def _bad_request(message: str) -> RequestError:
+def bad_request(message: str) -> RequestError:
     return RequestError(HTTPStatus.BAD_REQUEST, message)
 
 
@@ -105,10 +105,10 @@ def _unimplemented(name: str):
 def _resolve(models: ServedModels, spec) -> ServedModel:
     """The version a ModelSpec names (the newest when it names none), refusing version labels."""
     if not spec.name:
-        raise _bad_request(f"model_spec.name is empty: name the model (this server serves {models.name!r})")
+        raise bad_request(f"model_spec.name is empty: name the model (this server serves {models.name!r})")
     choice = spec.WhichOneof("version_choice")
     if choice == "version_label":
-        raise _bad_request(f"model_spec.version_label {spec.version_label!r}: this server has no version labels; "
+        raise bad_request(f"model_spec.version_label {spec.version_label!r}: this server has no version labels; "
                            "name a version with model_spec.version, or neither for the newest")
     return models.resolve(spec.name, spec.version.value if choice == "version" else None)
 
@@ -124,7 +124,7 @@ def _tensor_array(name: str, proto, max_elements: int) -> np.ndarray:
     values (a few bytes can declare billions, repeating the last value) is a RequestError naming the input."""
     dims = [dim.size for dim in proto.tensor_shape.dim]
     if proto.tensor_shape.unknown_rank or any(size < 0 for size in dims):
-        raise _bad_request(f"input {name!r}: the TensorProto's shape {dims} is not fully defined")
+        raise bad_request(f"input {name!r}: the TensorProto's shape {dims} is not fully defined")
     elements = math.prod(dims)
     if elements > max_elements:
         raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"input {name!r}: shape {dims} has {elements} "
@@ -132,7 +132,7 @@ def _tensor_array(name: str, proto, max_elements: int) -> np.ndarray:
     try:
         return tf.make_ndarray(proto)
     except (ValueError, TypeError) as error:
-        raise _bad_request(f"input {name!r} is not a valid TensorProto: {error}") from None
+        raise bad_request(f"input {name!r} is not a valid TensorProto: {error}") from None
 
 
 class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -151,7 +151,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         outputs = model.signature_defs[signature_name].get("outputs", {})
         unknown = [name for name in wanted if name not in outputs]
         if unknown:
-            raise _bad_request(f"output_filter: {unknown} are not outputs of signature {signature_name!r}; it has "
+            raise bad_request(f"output_filter: {unknown} are not outputs of signature {signature_name!r}; it has "
                                f"{sorted(outputs)}")
         arrays = {name: _tensor_array(name, proto, self.max_elements) for name, proto in request.inputs.items()}
         check_arrays(signature_name, arrays, model.input_specs[signature_name])
@@ -168,10 +168,10 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         model = _resolve(self.models, request.model_spec)
         fields = list(request.metadata_field)
         if not fields:
-            raise _bad_request("metadata_field is empty: ask for 'signature_def'")
+            raise bad_request("metadata_field is empty: ask for 'signature_def'")
         unsupported = [field for field in fields if field != "signature_def"]
         if unsupported:
-            raise _bad_request(f"metadata_field {unsupported[0]!r} is not supported; this server answers "
+            raise bad_request(f"metadata_field {unsupported[0]!r} is not supported; this server answers "
                                "'signature_def'")
         definitions = get_model_metadata_pb2.SignatureDefMap()
         for name, definition in model.signature_defs.items():

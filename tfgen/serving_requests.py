@@ -44,7 +44,7 @@ class RequestError(Exception):
         self.headers = headers or {}
 
 
-def _bad_request(message: str) -> RequestError:
+def bad_request(message: str) -> RequestError:
     return RequestError(HTTPStatus.BAD_REQUEST, message)
 
 
@@ -76,7 +76,7 @@ class ServedModel:
         try:
             outputs = function(**{name: tf.constant(value) for name, value in inputs.items()})
         except tf.errors.InvalidArgumentError as error:
-            raise _bad_request(_error_text(error.message)) from None
+            raise bad_request(error_text(error.message)) from None
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
     def close(self) -> None:
@@ -156,15 +156,15 @@ def parse_json_body(raw: bytes):
     try:
         body = json.loads(raw)
     except RecursionError:
-        raise _bad_request(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise bad_request(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as error:
-        raise _bad_request(f"malformed JSON: {error}") from None
+        raise bad_request(f"malformed JSON: {error}") from None
     # Iterative, so the check itself cannot overflow the stack.
     level, depth = [body], 0
     while level:
         depth += 1
         if depth > MAX_JSON_DEPTH:
-            raise _bad_request(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+            raise bad_request(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
         level = [child for value in level if isinstance(value, (list, dict))
                  for child in (value.values() if isinstance(value, dict) else value)]
     return body
@@ -178,17 +178,17 @@ def parse_predict_request(body, model: ServedModel) -> tuple[str, dict[str, np.n
     """Returns (signature name, inputs as numpy arrays, whether the request used the row format), every input
     checked (dtype, shape, batch size, knob ranges) so that a bad request fails here, before the graph runs."""
     if not isinstance(body, dict):
-        raise _bad_request(f"the request body must be a JSON object, got {_json_type(body)}")
+        raise bad_request(f"the request body must be a JSON object, got {_json_type(body)}")
     unknown = set(body) - {"signature_name", "instances", "inputs"}
     if unknown:
-        raise _bad_request(f"unknown request fields: {sorted(unknown)}")
+        raise bad_request(f"unknown request fields: {sorted(unknown)}")
     signature_name = body.get("signature_name", "")
     if not isinstance(signature_name, str):
-        raise _bad_request(f"signature_name must be a string, got {_json_type(signature_name)}")
+        raise bad_request(f"signature_name must be a string, got {_json_type(signature_name)}")
     signature_name = signature_for(model, signature_name)
     specs = model.input_specs[signature_name]
     if ("instances" in body) == ("inputs" in body):
-        raise _bad_request("send exactly one of 'instances' (row format) or 'inputs' (columnar format)")
+        raise bad_request("send exactly one of 'instances' (row format) or 'inputs' (columnar format)")
     row_format = "instances" in body
     if row_format:
         columns = _columns_from_instances(body["instances"], specs)
@@ -204,7 +204,7 @@ def signature_for(model: ServedModel, signature_name: str) -> str:
     400 RequestError listing those it has."""
     signature_name = signature_name or "serving_default"
     if signature_name not in model.signatures:
-        raise _bad_request(f"signature_name {signature_name!r} not found; the model has {sorted(model.signatures)}")
+        raise bad_request(f"signature_name {signature_name!r} not found; the model has {sorted(model.signatures)}")
     return signature_name
 
 
@@ -214,23 +214,23 @@ def check_arrays(signature_name: str, arrays: dict[str, np.ndarray], specs: dict
     row, then `check_inputs` (knob ranges, empty texts). Raises a 400 RequestError naming the input at fault."""
     missing, unknown = set(specs) - set(arrays), set(arrays) - set(specs)
     if missing or unknown:
-        raise _bad_request(
+        raise bad_request(
             f"inputs: the signature takes {sorted(specs)}; missing {sorted(missing)}, unknown {sorted(unknown)}"
         )
     for name, spec in specs.items():
         array = arrays[name]
         if array.dtype != spec.dtype.as_numpy_dtype:
             dtype = "string" if array.dtype == object else array.dtype.name
-            raise _bad_request(f"input {name!r} has dtype {dtype}, the signature wants {spec.dtype.name}")
+            raise bad_request(f"input {name!r} has dtype {dtype}, the signature wants {spec.dtype.name}")
         if array.ndim != spec.shape.rank or not spec.shape.is_compatible_with(array.shape):
-            raise _bad_request(
+            raise bad_request(
                 f"input {name!r} has shape {list(array.shape)}, the signature wants {_shape_text(spec.shape)}"
             )
     batch_sizes = {name: array.shape[0] for name, array in arrays.items() if array.ndim}
     if len(set(batch_sizes.values())) > 1:
-        raise _bad_request(f"inputs disagree on the batch size: {batch_sizes}")
+        raise bad_request(f"inputs disagree on the batch size: {batch_sizes}")
     if 0 in batch_sizes.values():
-        raise _bad_request("the batch is empty: send at least one row")
+        raise bad_request("the batch is empty: send at least one row")
     check_inputs(signature_name, arrays)
 
 
@@ -241,11 +241,11 @@ def check_inputs(signature_name: str, arrays: dict[str, np.ndarray]) -> None:
         knob = KNOBS.get(name) or REQUEST_VALUES.get(name)
         if knob is not None and not knob.is_valid(array):
             row = next(row for row in range(len(array)) if not knob.is_valid(array[row]))
-            raise _bad_request(f"{name} must be {knob.requirement}; row {row} has {_json_text(array[row].tolist())}")
+            raise bad_request(f"{name} must be {knob.requirement}; row {row} has {_json_text(array[row].tolist())}")
     if signature_name == TEXT_SIGNATURE:
         empty = [index for index, text in enumerate(arrays["text"].tolist()) if not text]
         if empty:
-            raise _bad_request(f"text[{empty[0]}] is empty: generate_text needs at least one character to continue "
+            raise bad_request(f"text[{empty[0]}] is empty: generate_text needs at least one character to continue "
                               "(it adds no bos token)")
 
 
@@ -264,16 +264,16 @@ def format_predict_response(outputs: dict[str, np.ndarray], row_format: bool) ->
 def generate_text(model: ServedModel, body) -> dict:
     """`{"text": str | [str]}` -> `{"text": ...}` of the same shape, through the `generate_text` signature."""
     if TEXT_SIGNATURE not in model.signatures:
-        raise _bad_request(
+        raise bad_request(
             f"this export has no {TEXT_SIGNATURE} signature (export with a byte-level BPE tokenizer and tfgen[text])"
         )
     if not isinstance(body, dict) or set(body) != {"text"}:
-        raise _bad_request('the body must be {"text": "..."} or {"text": ["...", ...]}')
+        raise bad_request('the body must be {"text": "..."} or {"text": ["...", ...]}')
     text = body["text"]
     single = isinstance(text, str)
     texts = [text] if single else text
     if not isinstance(texts, list) or not texts or not all(isinstance(item, str) for item in texts):
-        raise _bad_request("text must be a string or a non-empty list of strings")
+        raise bad_request("text must be a string or a non-empty list of strings")
     inputs = {"text": np.array([_utf8(item, f"text[{index}]") for index, item in enumerate(texts)], dtype=object)}
     check_inputs(TEXT_SIGNATURE, inputs)
     generated = None
@@ -297,11 +297,11 @@ def _named(value, specs: dict, where: str) -> dict:
     """`value` as {input name: value}; a bare value is accepted when the signature has a single input."""
     if not isinstance(value, dict) or (len(specs) == 1 and set(value) != set(specs)):
         if len(specs) != 1:
-            raise _bad_request(f"{where} must be an object with the inputs {sorted(specs)}, got {_json_type(value)}")
+            raise bad_request(f"{where} must be an object with the inputs {sorted(specs)}, got {_json_type(value)}")
         return {next(iter(specs)): value}
     missing, unknown = set(specs) - set(value), set(value) - set(specs)
     if missing or unknown:
-        raise _bad_request(
+        raise bad_request(
             f"{where}: the signature takes {sorted(specs)}; missing {sorted(missing)}, unknown {sorted(unknown)}"
         )
     return value
@@ -309,7 +309,7 @@ def _named(value, specs: dict, where: str) -> dict:
 
 def _columns_from_instances(instances, specs: dict) -> dict:
     if not isinstance(instances, list) or not instances:
-        raise _bad_request(f"instances must be a non-empty list (one entry per row), got {_json_type(instances)}")
+        raise bad_request(f"instances must be a non-empty list (one entry per row), got {_json_type(instances)}")
     rows = [_named(instance, specs, f"instances[{index}]") for index, instance in enumerate(instances)]
     return {name: [row[name] for row in rows] for name in specs}
 
@@ -335,27 +335,27 @@ def _rectangular(value, name: str) -> tuple[list[int], list]:
     while level and all(isinstance(item, list) for item in level):
         lengths = {len(item) for item in level}
         if len(lengths) > 1:
-            raise _bad_request(f"input {name!r} must be a rectangular array: its rows have lengths {sorted(lengths)}")
+            raise bad_request(f"input {name!r} must be a rectangular array: its rows have lengths {sorted(lengths)}")
         shape.append(lengths.pop())
         level = [child for item in level for child in item]
     if any(isinstance(item, list) for item in level):
-        raise _bad_request(f"input {name!r} must be a rectangular array: it mixes lists and values at one depth")
+        raise bad_request(f"input {name!r} must be a rectangular array: it mixes lists and values at one depth")
     return shape, level
 
 
 def _check_number(leaf, dtype: tf.DType, name: str) -> None:
     if dtype.is_integer:
         if type(leaf) is not int:
-            raise _bad_request(f"input {name!r} must hold {dtype.name} values (integers), found {_json_text(leaf)}")
+            raise bad_request(f"input {name!r} must hold {dtype.name} values (integers), found {_json_text(leaf)}")
         limits = np.iinfo(dtype.as_numpy_dtype)
         if not limits.min <= leaf <= limits.max:
-            raise _bad_request(f"input {name!r}: {_json_text(leaf)} is outside the {dtype.name} range "
+            raise bad_request(f"input {name!r}: {_json_text(leaf)} is outside the {dtype.name} range "
                               f"[{limits.min}, {limits.max}]")
     elif not is_real(leaf):
-        raise _bad_request(f"input {name!r} must hold {dtype.name} values (numbers), found {_json_text(leaf)}")
+        raise bad_request(f"input {name!r} must hold {dtype.name} values (numbers), found {_json_text(leaf)}")
     elif math.isfinite(leaf) and abs(leaf) > _FLOAT32_MAX:
         # Rounding it to float32 would make it infinite: a value the client did not send.
-        raise _bad_request(f"input {name!r}: {_json_text(leaf)} is outside the float32 range")
+        raise bad_request(f"input {name!r}: {_json_text(leaf)} is outside the float32 range")
 
 
 def _string(leaf, name: str) -> bytes:
@@ -366,8 +366,8 @@ def _string(leaf, name: str) -> bytes:
         try:
             return base64.b64decode(leaf["b64"], validate=True)
         except ValueError:
-            raise _bad_request(f"input {name!r}: invalid base64") from None
-    raise _bad_request(f"input {name!r} must hold strings, found {_json_text(leaf)}")
+            raise bad_request(f"input {name!r}: invalid base64") from None
+    raise bad_request(f"input {name!r} must hold strings, found {_json_text(leaf)}")
 
 
 def _utf8(text: str, where: str) -> bytes:
@@ -375,7 +375,7 @@ def _utf8(text: str, where: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError as error:
         # JSON's "\ud800" escapes decode to lone surrogates, which no UTF-8 text can hold.
-        raise _bad_request(f"{where} is not valid Unicode: {error.reason} at character {error.start}") from None
+        raise bad_request(f"{where} is not valid Unicode: {error.reason} at character {error.start}") from None
 
 
 def _json_type(value) -> str:
@@ -393,7 +393,7 @@ def _shape_text(shape: tf.TensorShape) -> str:
                            for index, dim in enumerate(shape.as_list())) + "]"
 
 
-def _error_text(message: str) -> str:
+def error_text(message: str) -> str:
     """What a TF error says about the request: the export's assertion message, else the first line that is
     not graph-debugging boilerplate."""
     assertion = re.search(r"assertion failed: \[(.*)\]", message)

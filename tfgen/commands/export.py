@@ -50,7 +50,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="end a row once its text ends with TEXT, in every signature (repeatable; needs the "
                         "model's tokenizer)")
+    parser.add_argument("--slots", type=int,
+                        help="decode rows of the continuous-batching signatures slot_init / slot_insert / slot_steps, "
+                        "which `tfgen serve` batches requests through (default 8 with XLA on a model with a per-row "
+                        "cache slot; 0: none)")
+    parser.add_argument("--slot-length", type=int,
+                        help="buffer columns of a slot: a request's prompt plus its new tokens (default: "
+                        "--max-new-tokens + 256, within the model's positions)")
     parser.set_defaults(handler=run)
+
+
+# Beyond these, a slot program's state would not fit this machine's memory for any model worth serving.
+MAX_SLOTS = 1024
+MAX_SLOT_LENGTH = 1 << 20
 
 
 def run(args) -> int:
@@ -68,6 +80,8 @@ def run(args) -> int:
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
         max_matching_ngram_size=args.max_matching_ngram_size,
         stop_strings=args.stop_strings,
+        slots=args.slots,
+        slot_length=args.slot_length,
     )
     print(os.path.abspath(version_dir))
     return 0
@@ -81,6 +95,8 @@ def check_export_arguments(args) -> None:
         ("--contrastive-top-k", args.contrastive_top_k, 2, MAX_BEAMS),
         ("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS),
         ("--version", args.version, 0, MAX_VERSION),
+        ("--slots", args.slots, 0, MAX_SLOTS),
+        ("--slot-length", args.slot_length, 2, MAX_SLOT_LENGTH),
     ):
         if value is not None and not low <= value <= high:
             raise ValueError(f"{option} must be in {low}..{high}, got {value}")

@@ -22,6 +22,9 @@ from tfgen.serving_options import (  # TF-free, so `tfgen serve --help` answers 
     grpc_available,
 )
 
+# The scheduler's module imports numpy only, so `tfgen serve --help` stays TF-free.
+from tfgen.engine.scheduler import DEFAULT_STEPS_PER_CALL  # noqa: E402
+
 logger = logging.getLogger(__name__)
 
 
@@ -61,6 +64,15 @@ def add_parser(subparsers) -> None:
                         help="seconds between looks at EXPORT_DIR for new version folders, which are loaded, warmed "
                         "up and served in place of the older one (TF Serving's flag; "
                         f"default {DEFAULT_POLL_INTERVAL:g}; 0: never)")
+    parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS_PER_CALL,
+                        help="continuous batching: tokens every running request gets per engine call; a new request "
+                        f"waits at most that long to join the batch (default {DEFAULT_STEPS_PER_CALL})")
+    parser.add_argument("--max-queue", type=int, default=None,
+                        help="continuous batching: requests rows that may wait for a decode slot; more are answered "
+                        "503 with Retry-After (default 8 per slot; the export fixes the slots, `tfgen export --slots`)")
+    parser.add_argument("--no-batching", action="store_true",
+                        help="run every request as its own call of its signature, even where the export has slot "
+                        "signatures")
     parser.set_defaults(handler=run)
 
 
@@ -88,6 +100,10 @@ def run(args) -> int:
     if not 0 <= args.file_system_poll_wait_seconds < float("inf"):  # NaN too
         raise ValueError("--file_system_poll_wait_seconds must be a finite number of seconds >= 0 (0: never), got "
                          f"{args.file_system_poll_wait_seconds}")
+    for name in ("steps_per_call", "max_queue"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     port = grpc_port(args)
     if port is not None:
         if port == args.rest_api_port != 0:
@@ -98,7 +114,9 @@ def run(args) -> int:
 
     options = dict(host=args.host, port=args.rest_api_port, grpc_port=port, model_name=args.model_name,
                    poll_interval_s=args.file_system_poll_wait_seconds,
-                   max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
+                   max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
+                   batching=None if args.no_batching else {"steps_per_call": args.steps_per_call,
+                                                          "max_queue": args.max_queue})
     if args.export_dir is not None:
         serve(args.export_dir, **options)
         return 0

@@ -27,8 +27,8 @@ from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import make_loop
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.request_checks import request_checks
-from tfgen.export.slot_signatures import DEFAULT_SLOTS, slot_functions, slot_info, slot_programs_for_export
-from tfgen.export.text_graph import in_graph_tokenizer
+from tfgen.export.slot_signatures import export_slot_programs, slot_functions, slot_info
+from tfgen.export.text_graph import in_graph_tokenizer, text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
 from tfgen.knobs import KNOBS, declared
 from tfgen.random import derive_seeds, philox4x32
@@ -136,11 +136,11 @@ def export_saved_model(
     for name in names:  # every signature's options and sizes are checked before the first is traced
         exporter.plan(SIGNATURES[name])
     functions = {name: exporter.concrete_function(SIGNATURES[name]) for name in names}
-    slot_programs = _slot_programs(exporter, model, slots, slot_length, jit_compile)
+    slot_programs = export_slot_programs(exporter, model, slots, slot_length, jit_compile)
     if slot_programs is not None:
         functions.update(slot_functions(slot_programs))
     if exporter.text is not None:
-        functions.update(exporter.text_functions())
+        functions.update(text_signature_functions(exporter.text))
     if not jit_compile:
         xla_ops = _xla_only_ops(functions.values())
         if xla_ops:
@@ -178,27 +178,6 @@ def export_saved_model(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return version_dir
-
-
-def _slot_programs(exporter, model, slots, slot_length, jit_compile):
-    """The export's `SlotPrograms` (None without slot signatures); ValueError naming a bad size."""
-    supported = bool(getattr(model, "row_cache_index", False)) and jit_compile
-    if slots is None:
-        slots = DEFAULT_SLOTS if supported else 0
-    if not is_integer(slots) or slots < 0:
-        raise ValueError(f"slots must be a non-negative integer (0: no slot signatures), got {slots!r}")
-    if slots and not supported:
-        raise ValueError("slots: the slot signatures need jit_compile=True and a model declaring row_cache_index "
-                         f"(a per-row cache slot); {type(model).__name__} with jit_compile={jit_compile} has not both.")
-    if not slots:
-        return None
-    new_tokens, positions = exporter.buffer_new_tokens, exporter.max_positions
-    if slot_length is None:
-        slot_length = new_tokens + 256 if positions is None else min(new_tokens + 256, positions)
-    if not is_integer(slot_length) or slot_length <= new_tokens:
-        raise ValueError(f"slot_length must be an integer above max_new_tokens ({new_tokens}): room for a prompt "
-                         f"and its new tokens, got {slot_length!r}")
-    return slot_programs_for_export(exporter, int(slots), int(slot_length))
 
 
 def _signature_names(signatures, has_tokenizer: bool, row_cache_index: bool) -> list[str]:
@@ -342,29 +321,6 @@ class _Exporter:
 
         # No autograph: the code branches on Python values only, and converting it costs seconds per trace.
         return tf.function(serve, input_signature=[input_specs], autograph=False).get_concrete_function()
-
-    def text_functions(self) -> dict:
-        """`text_tokenize` (text string `[B]` -> left-padded input_ids / attention_mask `[B, T]`) and
-        `text_detokenize` (sequences int32 `[B, T + N]`, prompt width int32 scalar, sequence_lengths `[B]` -> the
-        generated text `[B]`): the halves of `generate_text`, for a driver streaming text (`tfgen serve`)."""
-        text = self.text
-
-        def tokenize(inputs):
-            input_ids, attention_mask = text.encode(inputs["text"])
-            return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-        def detokenize(inputs):
-            return {"text": text.decode(inputs["sequences"], inputs["width"], inputs["sequence_lengths"])}
-
-        text_spec = {"text": tf.TensorSpec([None], tf.string, name="text")}
-        decode_spec_ = {"sequences": tf.TensorSpec([None, None], tf.int32, name="sequences"),
-                        "width": tf.TensorSpec([], tf.int32, name="width"),
-                        "sequence_lengths": tf.TensorSpec([None], tf.int32, name="sequence_lengths")}
-        return {
-            "text_tokenize": tf.function(tokenize, input_signature=[text_spec], autograph=False).get_concrete_function(),
-            "text_detokenize": tf.function(detokenize, input_signature=[decode_spec_],
-                                           autograph=False).get_concrete_function(),
-        }
 
     def plan(self, signature: SignatureSpec) -> tuple[DecodeSpec, dict]:
         """The program key of the signature's decoding and its knob values for one row, every option and size

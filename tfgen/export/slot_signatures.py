@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfgen.engine.slot_programs import REQUEST_KNOBS, SlotPrograms
 from tfgen.export.signatures import SIGNATURES
+from tfgen.value_types import is_integer
 
 SLOT_SIGNATURES = ("slot_init", "slot_insert", "slot_steps")
 #: The row inputs of `slot_insert` (each prefixed `new_`), with their dtypes and shapes after the row axis.
@@ -30,11 +31,29 @@ INSERT_INPUTS = {
 DEFAULT_SLOTS = 8
 
 
-def slot_programs_for_export(exporter, slots: int, length: int) -> SlotPrograms:
-    """The `SlotPrograms` of an export (`tfgen.export.saved_model._Exporter`): the `sample` signature's decoding."""
+def export_slot_programs(exporter, model, slots, slot_length, jit_compile):
+    """The `SlotPrograms` of an export (`tfgen.export.saved_model._Exporter`) asked for `slots` rows of
+    `slot_length` columns (None: the defaults of `export_saved_model`), or None without slot signatures;
+    ValueError naming a bad size."""
+    supported = bool(getattr(model, "row_cache_index", False)) and jit_compile
+    if slots is None:
+        slots = DEFAULT_SLOTS if supported else 0
+    if not is_integer(slots) or slots < 0:
+        raise ValueError(f"slots must be a non-negative integer (0: no slot signatures), got {slots!r}")
+    if slots and not supported:
+        raise ValueError("slots: the slot signatures need jit_compile=True and a model declaring row_cache_index "
+                         f"(a per-row cache slot); {type(model).__name__} with jit_compile={jit_compile} has not both.")
+    if not slots:
+        return None
+    new_tokens, positions = exporter.buffer_new_tokens, exporter.max_positions
+    if slot_length is None:
+        slot_length = new_tokens + 256 if positions is None else min(new_tokens + 256, positions)
+    if not is_integer(slot_length) or slot_length <= new_tokens:
+        raise ValueError(f"slot_length must be an integer above max_new_tokens ({new_tokens}): room for a prompt "
+                         f"and its new tokens, got {slot_length!r}")
     spec, knobs = exporter.plan(SIGNATURES["sample"])
-    return SlotPrograms(exporter.model, spec, knobs, pad_token_id=exporter.pad_token_id, slots=slots, length=length,
-                        budget_cap=exporter.buffer_new_tokens, max_positions=exporter.max_positions)
+    return SlotPrograms(exporter.model, spec, knobs, pad_token_id=exporter.pad_token_id, slots=int(slots),
+                        length=int(slot_length), budget_cap=new_tokens, max_positions=positions)
 
 
 def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
@@ -79,5 +98,5 @@ def slot_info(programs: SlotPrograms, config) -> dict:
     }
 
 
-__all__ = ["DEFAULT_SLOTS", "INSERT_INPUTS", "SLOT_SIGNATURES", "slot_functions", "slot_info",
-           "slot_programs_for_export"]
+__all__ = ["DEFAULT_SLOTS", "INSERT_INPUTS", "SLOT_SIGNATURES", "export_slot_programs", "slot_functions",
+           "slot_info"]
