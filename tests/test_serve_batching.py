@@ -187,7 +187,7 @@ class _GatedPrograms:
     """Slot programs whose every call waits for the test to open a gate (to hold the engine busy), writing no
     tokens (the buffer stays pad): rows end when their budget of steps is spent."""
 
-    slots, length, budget_cap = 2, 128, 100
+    slots, length, budget_cap, row_buckets = 2, 128, 100, [1, 2]
 
     def __init__(self):
         self.gate = threading.Event()
@@ -203,8 +203,9 @@ class _GatedPrograms:
             state["generated"][slot], state["finished"][slot], state["budget"][slot] = 0, budget <= 0, budget
         return state
 
-    def steps(self, state, max_steps, release):
+    def steps(self, state, max_steps, release, rows):
         self.gate.wait()
+        assert not (~state["finished"][rows:]).any(), "a running slot outside the row bucket"
         state = {name: value.copy() for name, value in state.items()}
         state["finished"] |= release
         running = ~state["finished"]

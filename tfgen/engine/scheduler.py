@@ -80,8 +80,9 @@ class Row:
 
 
 class SlotEngine:
-    """Drives slot programs (`programs`: `init()`, `insert(state, rows)`, `steps(state, max_steps, release)`, and
-    the sizes `slots`, `length`, `budget_cap`) from a scheduler thread, started on the first `submit`.
+    """Drives slot programs (`programs`: `init()`, `insert(state, rows)`, `steps(state, max_steps, release, rows)`
+    over slots `[0, rows)` for `rows` in `programs.row_buckets`, and the sizes `slots`, `length`, `budget_cap`)
+    from a scheduler thread, started on the first `submit`.
 
     steps_per_call: tokens each running row gets per `steps` call (a new row waits at most that long to join;
     more amortise the call's fixed costs). max_queue: rows that may wait for a slot; `submit` raises EngineFull
@@ -174,7 +175,8 @@ class SlotEngine:
                     self.counts["rows"] += len(admitted)
                     self._deliver()
                 if any(self._owners) or released.any():
-                    self._state = self.programs.steps(self._state, self.steps_per_call, released)
+                    rows = self._rows_in_use(released)
+                    self._state = self.programs.steps(self._state, self.steps_per_call, released, rows)
                     self.counts["steps"] += 1
                     self._deliver()
         except BaseException as error:  # the programs failed: every row still here gets the error
@@ -189,6 +191,13 @@ class SlotEngine:
             self._waiting.clear()
         for row in rows:
             self._end(row, failure)
+
+    def _rows_in_use(self, released: np.ndarray) -> int:
+        """The smallest row bucket of the programs covering every occupied or released slot (slots are taken
+        lowest first, so a light load stays in a small bucket)."""
+        used = [slot for slot, owner in enumerate(self._owners) if owner is not None] + list(np.flatnonzero(released))
+        highest = max(used, default=0) + 1
+        return next(rows for rows in self.programs.row_buckets if rows >= highest)
 
     def _take_waiting(self) -> list[Row]:
         """Waiting rows given a free slot each (under the lock), in arrival order."""
@@ -270,8 +279,11 @@ class ExportedSlots:
     """The slot signatures of a loaded export (`slot_init`, `slot_insert`, `slot_steps`) as `SlotEngine` programs."""
 
     def __init__(self, signatures: dict, info: dict):
-        self._init, self._insert, self._steps = (signatures[name] for name in ("slot_init", "slot_insert", "slot_steps"))
+        self._init, self._insert = signatures["slot_init"], signatures["slot_insert"]
         self.slots, self.length = int(info["slots"]), int(info["length"])
+        self.row_buckets = [int(rows) for rows in info.get("row_buckets", [self.slots])]
+        self._steps = {rows: signatures["slot_steps" if rows == self.slots else f"slot_steps_{rows}"]
+                       for rows in self.row_buckets}
         self.budget_cap, self.pad_token_id = int(info["max_new_tokens"]), int(info["pad_token_id"])
         self.info = info
 
@@ -283,16 +295,20 @@ class ExportedSlots:
 
         return self._insert(**state, **{f"new_{name}": tf.constant(value) for name, value in rows.items()})
 
-    def steps(self, state: dict, max_steps: int, release: np.ndarray) -> dict:
+    def steps(self, state: dict, max_steps: int, release: np.ndarray, rows: int) -> dict:
         import tensorflow as tf
 
-        return self._steps(**state, max_steps=tf.constant(max_steps, tf.int32), release=tf.constant(release))
+        return self._steps[rows](**state, max_steps=tf.constant(max_steps, tf.int32), release=tf.constant(release))
 
 
 def warm_up(engine: SlotEngine, timeout: float = 600.0) -> float:
-    """Decodes one short row through `engine` so that its programs compile now, not on a user's request; returns
-    the seconds it took."""
+    """Compiles `engine`'s programs now, not on a user's request: every row bucket of `steps` (on the empty state,
+    which returns at once) and `insert` of one short row, decoded; returns the seconds it took."""
     began = time.perf_counter()
+    programs = engine.programs
+    empty = programs.init()
+    for rows in programs.row_buckets:
+        programs.steps(empty, 1, np.zeros([engine.slots], bool), rows)
     row = Row(np.ones([1], np.int32), np.ones([1], np.int32), max_new_tokens=2)
     engine.submit([row])
     row.wait(timeout)

@@ -19,6 +19,7 @@ sampling key folded with the row's token index. So a row's tokens never depend o
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Optional
 
@@ -32,6 +33,8 @@ from tfgen.stopping import stopped_rows
 
 #: Knobs of the sampling warpers: neutral in a greedy row (HF's greedy search runs no warper).
 WARPER_KNOBS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+#: The `ProcessorSpec` switches of the warpers.
+_WARPER_SWITCHES = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 #: Per-row request values `insert` takes besides the row itself (the `sample` signature's, plus `do_sample`).
 REQUEST_KNOBS = ("temperature", "top_k", "top_p")
 
@@ -62,6 +65,7 @@ class SlotPrograms:
         self.vocab_size = int(model.config.vocab_size)
         self.row_knobs = {name: np.asarray(value)[0] for name, value in knobs.items() if KNOBS[name].per_row}
         self.shared_knobs = {name: np.asarray(value) for name, value in knobs.items() if not KNOBS[name].per_row}
+        self._greedy_spec = dataclasses.replace(spec.processor_spec, **{name: False for name in _WARPER_SWITCHES})
         self._head_apart = ("compute_logits" in inspect.signature(model.call_with_cache).parameters
                             and callable(getattr(model, "logits_from_hidden", None)))
 
@@ -164,10 +168,18 @@ class SlotPrograms:
     # ------------------------------------------------------------------------------------------------------
     # steps
 
-    def steps(self, state: dict, max_steps, release) -> dict:
+    def steps(self, state: dict, max_steps, release, rows: Optional[int] = None) -> dict:
         """Ends the slots where `release` (bool `[S]`) is true, then runs up to `max_steps` (int32 scalar) tokens
-        of every running slot, stopping early once every slot finished. Returns the state."""
+        of every running slot, stopping early once every slot finished. Returns the state.
+
+        rows: a static count: only slots `[0, rows)` run (the others must be empty or finished), so a lightly
+        loaded engine pays for the rows it uses, not for all S (None: every slot).
+        """
         state = {**state, "finished": state["finished"] | release}
+        if rows is not None and rows < self.slots:
+            head = self.steps({name: value[:rows] for name, value in state.items()}, max_steps,
+                              tf.zeros([rows], tf.bool))
+            return {name: tf.concat([head[name], value[rows:]], axis=0) for name, value in state.items()}
 
         def keep_going(count, state):
             return (count < max_steps) & ~tf.reduce_all(state["finished"])
@@ -176,6 +188,14 @@ class SlotPrograms:
             return count + 1, self._step(state)
 
         return tf.while_loop(keep_going, step, (tf.constant(0, tf.int32), state))[1]
+
+    def row_buckets(self) -> list[int]:
+        """The `rows` values a driver uses: powers of two below S, then S."""
+        buckets, rows = [], 1
+        while rows < self.slots:
+            buckets.append(rows)
+            rows *= 2
+        return buckets + [self.slots]
 
     def _step(self, state: dict) -> dict:
         """Runs every slot's last written token through the model and chooses the next one."""
@@ -193,10 +213,18 @@ class SlotPrograms:
         column, width = state["length"], state["width"]
         context = ProcessorContext(sequences=state["tokens"], start=tf.constant(0, tf.int32), cur_len=column,
                                    prompt_len=width[:, tf.newaxis], max_length=width + state["budget"])
-        scores = apply_processors(self.spec.processor_spec, logits, context, self._knobs(state))
-        sampled = sample_from_scores(scores, state["seed"], state["generated"])
-        chosen = tf.where(state["do_sample"], sampled, tf.argmax(scores, axis=-1, output_type=tf.int32))
-        running = ~state["finished"]
+        knobs, running = self._knobs(state), ~state["finished"]
+
+        def greedy():  # no row samples: the warpers (neutral in greedy rows) and the draw are skipped
+            scores = apply_processors(self._greedy_spec, logits, context, knobs)
+            return tf.argmax(scores, axis=-1, output_type=tf.int32), scores
+
+        def mixed():
+            scores = apply_processors(self.spec.processor_spec, logits, context, knobs)
+            sampled = sample_from_scores(scores, state["seed"], state["generated"])
+            return tf.where(state["do_sample"], sampled, tf.argmax(scores, axis=-1, output_type=tf.int32)), scores
+
+        chosen, scores = tf.cond(tf.reduce_any(state["do_sample"] & running), mixed, greedy)
         written = (tf.range(self.length)[tf.newaxis] == column[:, tf.newaxis]) & running[:, tf.newaxis]
         tokens = tf.where(written, chosen[:, tf.newaxis], state["tokens"])
         ends = is_eos(chosen, tf.constant(self.shared_knobs["eos_token_ids"])) | (

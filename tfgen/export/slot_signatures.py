@@ -6,6 +6,7 @@ tfgen (another process, a TPU host, `tfgen serve`'s engine) runs continuous batc
     state = slot_init()                                       every slot empty
     state = slot_insert(**state, new_input_ids=..., ...)      admit rows into free slots (prefill + first token)
     state = slot_steps(**state, max_steps=k, release=...)     advance every running slot up to k tokens
+    state = slot_steps_<n>(...)                               the same over slots [0, n) only (n: powers of two)
 
 Every state entry is an input and an output of the same name (`state_specs`), so outputs feed the next call as
 they are. The contract (each entry's meaning and shape) is `SlotPrograms.init_state`'s docstring and
@@ -64,7 +65,7 @@ def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
     steps_specs = {"max_steps": tf.TensorSpec([], tf.int32, name="max_steps"),
                    "release": tf.TensorSpec([programs.slots], tf.bool, name="release")}
     insert_program = tf.function(programs.insert, jit_compile=jit_compile, autograph=False)
-    steps_program = tf.function(programs.steps, jit_compile=jit_compile, autograph=False)
+    steps_program = tf.function(programs.steps, jit_compile=jit_compile, autograph=False, reduce_retracing=False)
 
     def init():
         return programs.init_state()
@@ -74,17 +75,23 @@ def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
         rows = {name: inputs[f"new_{name}"] for name in INSERT_INPUTS}
         return insert_program(state, rows)
 
-    def steps(inputs):
-        state = {name: inputs[name] for name in state_specs}
-        return steps_program(state, inputs["max_steps"], inputs["release"])
+    def steps_over(rows):
+        def steps(inputs):
+            state = {name: inputs[name] for name in state_specs}
+            return steps_program(state, inputs["max_steps"], inputs["release"], rows)
 
-    return {
+        return tf.function(steps, input_signature=[{**state_specs, **steps_specs}], autograph=False)
+
+    functions = {
         "slot_init": tf.function(init, input_signature=[], autograph=False).get_concrete_function(),
         "slot_insert": tf.function(insert, input_signature=[{**state_specs, **row_specs}],
                                    autograph=False).get_concrete_function(),
-        "slot_steps": tf.function(steps, input_signature=[{**state_specs, **steps_specs}],
-                                  autograph=False).get_concrete_function(),
     }
+    # `slot_steps` runs every slot; `slot_steps_<n>` only slots [0, n) (a lightly loaded engine's cheaper step).
+    for rows in programs.row_buckets():
+        name = "slot_steps" if rows == programs.slots else f"slot_steps_{rows}"
+        functions[name] = steps_over(rows).get_concrete_function()
+    return functions
 
 
 def slot_info(programs: SlotPrograms, config) -> dict:
@@ -92,7 +99,7 @@ def slot_info(programs: SlotPrograms, config) -> dict:
     sizes, the pad id, and the config's sampling defaults (what `serving_default` / `generate_text` decode with)."""
     defaults = {name: programs.row_knobs[name].item() for name in REQUEST_KNOBS if name in programs.row_knobs}
     return {
-        "slots": programs.slots, "length": programs.length, "max_new_tokens": programs.budget_cap,
+        "slots": programs.slots, "length": programs.length, "row_buckets": programs.row_buckets(), "max_new_tokens": programs.budget_cap,
         "pad_token_id": programs.pad_token_id, "vocab_size": programs.vocab_size, "max_positions": programs.max_positions,
         "serving_default_mode": config.get_generation_mode().value, "knobs": defaults,
     }
