@@ -167,10 +167,10 @@ class SlotEngine:
                         self._condition.wait()
                     if self._closed:
                         break
-                    admitted = self._take_waiting()
+                    admitted, spare = self._take_waiting()
                     released = self._release_cancelled()
                 if admitted:
-                    self._state = self.programs.insert(self._state, self._insert_rows(admitted))
+                    self._state = self.programs.insert(self._state, self._insert_rows(admitted, spare))
                     self.counts["insert"] += 1
                     self.counts["rows"] += len(admitted)
                     self._deliver()
@@ -199,8 +199,8 @@ class SlotEngine:
         highest = max(used, default=0) + 1
         return next(rows for rows in self.programs.row_buckets if rows >= highest)
 
-    def _take_waiting(self) -> list[Row]:
-        """Waiting rows given a free slot each (under the lock), in arrival order."""
+    def _take_waiting(self) -> tuple[list[Row], list[int]]:
+        """(waiting rows given a free slot each, in arrival order; the slots still free), under the lock."""
         admitted = []
         free = [slot for slot, owner in enumerate(self._owners) if owner is None]
         while self._waiting and free:
@@ -208,7 +208,7 @@ class SlotEngine:
             row.slot = free.pop(0)
             self._owners[row.slot] = row
             admitted.append(row)
-        return admitted
+        return admitted, free
 
     def _release_cancelled(self) -> np.ndarray:
         """bool `[S]`: slots of cancelled rows, freed now (under the lock)."""
@@ -220,10 +220,15 @@ class SlotEngine:
                 self._end(row, EngineStopped("cancelled"))
         return released
 
-    def _insert_rows(self, rows: list[Row]) -> dict:
-        """The `insert` inputs for `rows`: right padded to a power-of-two width (one program per width bucket)."""
+    def _insert_rows(self, rows: list[Row], spare: list[int]) -> dict:
+        """The `insert` inputs for `rows`: right padded to a power-of-two width, and to a power-of-two count with
+        empty rows (budget 0) aimed at `spare` free slots where there are enough — one program per bucket."""
         widest = max(row.width for row in rows)
         columns = min(max(_MIN_PROMPT_BUCKET, 1 << (widest - 1).bit_length()), self.length)
+        padding = (1 << (len(rows) - 1).bit_length()) - len(rows)
+        if 0 < padding <= len(spare):
+            rows = rows + [Row(np.zeros([1], np.int32), np.ones([1], np.int32), 0, slot=slot)
+                           for slot in spare[:padding]]
         count = len(rows)
         ids = np.zeros([count, columns], np.int32)
         mask = np.zeros([count, columns], np.int32)
