@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import select
 import socket
 import sys
 import threading
@@ -156,13 +157,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        chunks = stream.chunks()
         try:
-            for chunk in stream.chunks():
+            for chunk in chunks:
+                if self._client_left():
+                    raise ConnectionResetError("the client closed the stream")
                 self.wfile.write(chunk)
                 self.wfile.flush()
         except (ConnectionError, TimeoutError):
             self.close_connection = True
             raise
+        finally:
+            chunks.close()  # a stream left early cancels its row (its slot is freed)
+
+    def _client_left(self) -> bool:
+        """Whether the client closed its side of the connection (a write may still succeed into the socket's
+        buffer after that, so a hang-up is looked for before each event)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except (OSError, ValueError):
+            return True
 
     def _send_json(self, status: int, payload: dict, headers: dict):
         body = json.dumps(payload).encode("utf-8")

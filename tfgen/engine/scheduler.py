@@ -256,7 +256,7 @@ class SlotEngine:
         ended = []
         with self._condition:
             for slot, row in enumerate(self._owners):
-                if row is None:
+                if row is None or row.cancelled:  # a cancelled row is released (and ended) at the next call
                     continue
                 start, stop = row.width + len(row.tokens), row.width + int(generated[slot])
                 if stop > start:
