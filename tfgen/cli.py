@@ -111,10 +111,13 @@ def _run(argv, interrupts) -> int:
     with _library_messages_on_stderr(logging.WARNING if args.quiet else logging.INFO), quiet_tensorflow:
         try:
             return args.handler(args)
-        except (ValueError, TypeError, OSError) as error:
+        except (ValueError, TypeError, OSError, SystemError) as error:
             if interrupts.received:
-                # TensorFlow turns a KeyboardInterrupt raised inside some of its conversions into a ValueError.
+                # TensorFlow turns a KeyboardInterrupt raised inside some of its conversions into a ValueError, and
+                # one landing inside CPython's own list code while a program traces into a SystemError.
                 raise KeyboardInterrupt from error
+            if isinstance(error, SystemError):
+                raise
             # Input problems are the user's to fix: one clear line, not a stack trace. Status 2, unless the error
             # says otherwise (1: a model that cannot be fetched or cannot chat, not a malformed argument).
             print(f"tfgen: error: {error}", file=sys.stderr)
