@@ -29,6 +29,8 @@ GENERATION_CONFIG_NAME = "generation_config.json"
 # Bookkeeping keys HF writes or keeps: the first two are kept as attributes (so files round-trip), the
 # others are HF-process-local and dropped on load. None of them take part in equality.
 _KEPT_METADATA = ("_from_model_config", "transformers_version")
+#: Options of tfgen's own, not HF's (structured output); HF keeps them as extra attributes of a config file.
+TFGEN_OPTIONS = ("regex", "json_schema")
 _DROPPED_METADATA = ("_commit_hash", "_original_object_hash")
 
 
@@ -63,6 +65,9 @@ class GenerationConfig:
     early_stopping: bool | str = False
     max_time: float | None = None
     stop_strings: str | list[str] | None = None
+    # Structured output (tfgen's own options): the generated text must match a regex / a JSON schema.
+    regex: str | None = None
+    json_schema: dict | str | None = None
     # Decoding strategy.
     do_sample: bool = False
     num_beams: int = 1
@@ -229,8 +234,10 @@ class GenerationConfig:
         return cls(**options, _from_model_config=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """All attributes (options, kept bookkeeping keys and extras) as a deep-copied dict."""
-        return copy.deepcopy(vars(self))
+        """All attributes (options, kept bookkeeping keys and extras) as a deep-copied dict; tfgen's own options
+        (`TFGEN_OPTIONS`) only when set, so that a default config's dict is HF's."""
+        return copy.deepcopy({key: value for key, value in vars(self).items()
+                              if not (key in TFGEN_OPTIONS and value is None)})
 
     def to_diff_dict(self) -> dict[str, Any]:
         """The attributes whose values differ from a default `GenerationConfig()` (what files store)."""

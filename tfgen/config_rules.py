@@ -129,7 +129,19 @@ def check_options(config: Any) -> None:
     if not (isinstance(config.early_stopping, bool) or config.early_stopping == "never"):
         raise ValueError(f"`early_stopping` must be True, False or 'never', got {config.early_stopping!r}.")
     _check_token_ids(config)
+    _check_structured_output(config)
     _check_combinations(config)
+
+
+def _check_structured_output(config: Any) -> None:
+    """Checks the types of `regex` / `json_schema` (what they say is checked when their automaton is built)."""
+    regex, schema = getattr(config, "regex", None), getattr(config, "json_schema", None)
+    if regex is not None and not (isinstance(regex, str) and regex):
+        raise TypeError(f"`regex` must be a non-empty string, got {regex!r} ({type(regex).__name__}).")
+    if schema is not None and not isinstance(schema, (dict, str)):
+        raise TypeError(f"`json_schema` must be a JSON schema (a dict, or its JSON text), got {type(schema).__name__}.")
+    if regex is not None and schema is not None:
+        raise ValueError("`regex` and `json_schema` both constrain the output; set one of them.")
 
 
 def _check_token_ids(config: Any) -> None:

@@ -117,6 +117,10 @@ _DECLARED = [
     Knob("forced_eos_token_ids", np.int32, per_row=False, neutral=-1),
     Knob("suppress_tokens", np.bool_, per_row=False, neutral=False),
     Knob("begin_suppress_tokens", np.bool_, per_row=False, neutral=False),
+    # Structured output: a token-level automaton's tables, shared by every row (`tfgen.structured.automaton`).
+    Knob("grammar_next", np.int32, per_row=False, neutral=0),
+    Knob("grammar_token_class", np.int32, per_row=False, neutral=0),
+    Knob("grammar_accepting", np.bool_, per_row=False, neutral=False),
     # Beam search: float64 because HF raises lengths to it in double precision; early_stopping 0 = False,
     # 1 = True, 2 = "never" (so the three modes share one program).
     Knob("length_penalty", np.float64, neutral=1.0, valid=_between(-_INF, _INF, low_open=True, high_open=True),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -30,11 +32,14 @@ class GenerateDecoderOnlyOutput(_Output):
     sequences: int32 `[batch * num_return_sequences, prompt_len + max_new_tokens]`.
     scores: processed scores, one float32 `[batch * num_return_sequences, vocab]` per generated step.
     logits: raw logits, same layout as `scores`.
+    structured_complete: bool `[rows]` with `regex` / `json_schema` (tfgen's own field): whether each row's text is
+        a whole match (False: it ran out of budget, or a stopping criterion ended it, partway through).
     """
 
     sequences: tf.Tensor
     scores: Optional[tuple] = None
     logits: Optional[tuple] = None
+    structured_complete: Optional[tf.Tensor] = None
 
 
 @dataclasses.dataclass
@@ -45,6 +50,7 @@ class GenerateBeamDecoderOnlyOutput(_Output):
     sequences_scores: float32 `[batch * num_return_sequences]`, the length-penalised log-probability.
     scores / logits: one float32 `[batch * num_beams, vocab]` per step.
     beam_indices: int32 `[batch * num_return_sequences, generated_steps]`, the beam each token came from.
+    structured_complete: as `GenerateDecoderOnlyOutput`'s.
     """
 
     sequences: tf.Tensor
@@ -52,6 +58,7 @@ class GenerateBeamDecoderOnlyOutput(_Output):
     scores: Optional[tuple] = None
     logits: Optional[tuple] = None
     beam_indices: Optional[tf.Tensor] = None
+    structured_complete: Optional[tf.Tensor] = None
 
 
 def package_outputs(request, result: dict):
@@ -69,6 +76,9 @@ def package_outputs(request, result: dict):
         return tf.gather(tensor, tf.range(request.batch_size * rows_per_prompt), axis=axis)
 
     sequences = real_rows(tf.convert_to_tensor(result["sequences"]))[:, request.start : end]
+    complete = None
+    if request.automaton is not None:
+        complete = structured_completeness(request, sequences.numpy(), real_rows(result["generated_lengths"]).numpy())
     if not request.return_dict:
         return sequences
     steps = int(result["steps"])
@@ -79,7 +89,8 @@ def package_outputs(request, result: dict):
         buffer = real_rows(result[name], axis=1)
         return tuple(buffer[step] for step in range(steps))
 
-    fields = dict(sequences=sequences, scores=per_step("scores"), logits=per_step("logits"))
+    fields = dict(sequences=sequences, scores=per_step("scores"), logits=per_step("logits"),
+                  structured_complete=None if complete is None else tf.constant(complete))
     if "sequences_scores" not in result:
         return GenerateDecoderOnlyOutput(**fields)
     beam_indices = result.get("beam_indices")
@@ -88,3 +99,26 @@ def package_outputs(request, result: dict):
         sequences_scores=real_rows(result["sequences_scores"]),
         beam_indices=None if beam_indices is None else real_rows(beam_indices)[:, :steps],
     )
+
+
+def structured_completeness(request, sequences: np.ndarray, generated_lengths: np.ndarray) -> np.ndarray:
+    """bool `[rows]`: whether each row's new tokens (`generated_lengths`, a final eos left out) are a whole match of
+    the request's automaton. Warns once, naming the rows, when some are not (HF-like truncation: a budget or a
+    stopping criterion ended them partway; their text is then the start of a match)."""
+    eos_ids = set(int(token) for token in request.inputs.knobs["eos_token_ids"].numpy() if token >= 0)
+    complete = []
+    for row, length in zip(sequences[:, request.prompt_len:], generated_lengths):
+        tokens = list(row[:length])
+        if tokens and tokens[-1] in eos_ids:
+            tokens.pop()
+        complete.append(request.automaton.matches(tokens))
+    complete = np.array(complete, bool)
+    if not complete.all():
+        rows = np.flatnonzero(~complete).tolist()
+        warnings.warn(
+            f"regex / json_schema: row(s) {rows} ended before their text was a whole match (out of max_new_tokens, or "
+            "a stopping criterion): their text is the start of a match. Raise max_new_tokens; with "
+            "return_dict_in_generate the output's `structured_complete` says which rows are whole.",
+            UserWarning, stacklevel=4,
+        )
+    return complete

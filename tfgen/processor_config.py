@@ -178,6 +178,7 @@ def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -
         bad_words_ids=active["bad_words_ids"] or (),
         top_k_cap=top_k_cap,
         min_tokens_to_keep=min_tokens_to_keep,
+        grammar=_option(config, "regex") is not None or _option(config, "json_schema") is not None,
         **{
             name: is_on(name)
             for name in (

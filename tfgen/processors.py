@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.input_checks import check_callables
+from tfgen.structured import graph as grammar
 from tfgen.warpers import apply_warpers, drop_tokens, per_row_knob, read_knob
 
 _NEG_INF = float("-inf")
@@ -34,6 +35,7 @@ class ProcessorContext(NamedTuple):
         positions of each row at once). User processors take a scalar only.
     prompt_len: int32 scalar, HF's `input_ids_seq_length` (the caller's padded prompt length).
     max_length: int32 [B], per-row HF `max_length` (prompt_len + that row's max_new_tokens).
+    grammar_state: int32 [B], each row's structured-output automaton state, or `()` (no automaton).
     """
 
     sequences: tf.Tensor
@@ -41,6 +43,7 @@ class ProcessorContext(NamedTuple):
     cur_len: tf.Tensor
     prompt_len: tf.Tensor
     max_length: tf.Tensor
+    grammar_state: object = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class ProcessorSpec:
     eta_cutoff: bool = False
     min_tokens_to_keep: int = 1
     renormalize_logits: bool = False
+    #: Structured output: mask to the tokens a regex / JSON-schema automaton allows (its tables are knobs).
+    grammar: bool = False
 
 
 class LogitsProcessor:
@@ -280,6 +285,10 @@ def apply_processors(
 
     for index, processor in enumerate(user_processors):
         scores = _user_processed(index, processor, ctx.sequences, scores, ctx.start + ctx.cur_len)
+    if spec.grammar:
+        # After every other processor, so the output keeps to the automaton whatever they do (a token they forbid
+        # stays forbidden), and before the warpers, so sampling draws among allowed tokens only.
+        scores = grammar.mask_scores(knobs, ctx.grammar_state, scores, read_knob(knobs, "eos_token_ids", tf.int32))
 
     scores, candidates = apply_warpers(spec, scores, knobs)
     if spec.renormalize_logits:

@@ -10,7 +10,7 @@ the eos vector, the knob values and the program key exist once. See `docs/design
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -28,10 +28,14 @@ from tfgen.processors import check_user_processors
 from tfgen.random import derive_seeds
 from tfgen.request_size import check_request_fits
 from tfgen.stop_strings import stop_string_tables
+from tfgen.structured.automaton import constraint_automaton
 from tfgen.stopping import check_user_criteria, split_stopping_criteria
 from tfgen.unsupported import refuse_unsupported
 
 _BEAM_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.GROUP_BEAM_SEARCH)
+# The strategies whose rows carry a structured-output automaton state.
+_GRAMMAR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH,
+                  GenerationMode.BEAM_SAMPLE, GenerationMode.CONTRASTIVE_SEARCH)
 # generate() keywords that are not GenerationConfig attributes.
 MODEL_INPUT_KWARGS = ("input_ids", "attention_mask")
 
@@ -89,6 +93,8 @@ class Request:
     max_new_tokens: int
     return_dict: bool = False
     max_time: Optional[float] = None
+    #: The `regex` / `json_schema` automaton (`tfgen.structured.automaton.TokenAutomaton`), or None.
+    automaton: Any = None
 
     def with_budgets(self, budgets) -> "Request":
         """The same request with per-row budgets `budgets` int `[batch_size]` (each at most `max_new_tokens`);
@@ -159,11 +165,16 @@ def pad_token_id_of(config: GenerationConfig, vocab_size: Optional[int] = None) 
     return pad_token_id
 
 
-def knob_values(config: GenerationConfig, mode: GenerationMode, batch_size: int, vocab_size: int) -> dict:
-    """Every run-time knob of `config`'s decoding in `mode` for `batch_size` rows (numpy arrays): the processors'
-    and the strategy's."""
+def knob_values(config: GenerationConfig, mode: GenerationMode, batch_size: int, vocab_size: int,
+                tokenizer=None) -> dict:
+    """Every run-time knob of `config`'s decoding in `mode` for `batch_size` rows (numpy arrays): the processors',
+    the strategy's and the tables of a `regex` / `json_schema` automaton (built with `tokenizer`, cached)."""
     strategy = strategy_for(mode)
-    return {**processor_knobs_from_config(config, batch_size, vocab_size), **strategy.runtime_knobs(config, batch_size)}
+    knobs = {**processor_knobs_from_config(config, batch_size, vocab_size), **strategy.runtime_knobs(config, batch_size)}
+    automaton = constraint_automaton(config, tokenizer, vocab_size)
+    if automaton is not None:
+        knobs.update(automaton.knobs())
+    return knobs
 
 
 def knob_layout(knobs: dict) -> tuple:
@@ -197,6 +208,11 @@ def decode_spec(
     refuse_unsupported(config)
     stop_strings = _stop_string_tables(config, tokenizer, vocab_size)
     stopping_criteria = check_user_criteria(stopping_criteria)
+    processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
+    if processor_spec.grammar and mode not in _GRAMMAR_MODES:
+        option = "regex" if config.regex is not None else "json_schema"
+        raise ValueError(f"{option}: structured output works with greedy search, sampling, beam search, beam sampling "
+                         f"and contrastive search, not with {mode.value.replace('_', ' ')}.")
     if (stop_strings is not None or stopping_criteria) and mode == GenerationMode.GROUP_BEAM_SEARCH:
         raise ValueError(
             "stop_strings / stopping_criteria: group beam search does not support them yet (beam search, sampling, "
@@ -207,7 +223,6 @@ def decode_spec(
     if mode == GenerationMode.CONTRASTIVE_SEARCH and static_options["top_k"] > vocab_size:
         raise ValueError(f"top_k: contrastive search ranks top_k={static_options['top_k']} candidates, more than "
                          f"the vocabulary's {vocab_size} tokens.")
-    processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
     if processor_overrides:
         processor_spec = dataclasses.replace(processor_spec, **processor_overrides)
     user_processors = check_user_processors(user_processors)
@@ -321,7 +336,7 @@ def prepare_request(
     budgets[:batch_size] = max_new_tokens
     seeds = np.zeros([padded_batch, 2], np.int32)
     seeds[:batch_size] = row_seeds
-    knobs = knob_values(config, mode, padded_batch, vocab_size)
+    knobs = knob_values(config, mode, padded_batch, vocab_size, tokenizer)
 
     spec = decode_spec(
         config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
@@ -347,4 +362,5 @@ def prepare_request(
         max_new_tokens=max_new_tokens,
         return_dict=bool(config.return_dict_in_generate),
         max_time=config.max_time,
+        automaton=constraint_automaton(config, tokenizer, vocab_size),
     )

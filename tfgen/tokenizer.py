@@ -126,6 +126,11 @@ class Tokenizer:
         self._padding_side = side
 
     @property
+    def backend_tokenizer(self) -> tokenizers.Tokenizer:
+        """The `tokenizers.Tokenizer` behind this one (HF's name for it); do not modify it."""
+        return self._tokenizer
+
+    @property
     def vocab_size(self) -> int:
         """Number of ids the tokenizer can produce, added tokens included (HF's `len(tokenizer)`)."""
         return self._tokenizer.get_vocab_size(with_added_tokens=True)

@@ -35,6 +35,7 @@ from tfgen.knobs import KNOBS, repeat_per_row
 from tfgen.processors import apply_processors
 from tfgen.random import uniform_per_element
 from tfgen.stopping import stopped_rows
+from tfgen.structured import graph as grammar
 
 # HF's offset for "this candidate may not be chosen" (added, so ruled-out candidates keep their order).
 IMPOSSIBLE = -1.0e9
@@ -180,6 +181,7 @@ class BeamLoopBase(DecodingLoop):
             generated=tf.gather(prefilled.generated, rows),
             scores=score_buffer(spec.output_scores, spec.buffer_new_tokens, batch_size * self.beams, vocab_size),
             raw_logits=score_buffer(spec.output_logits, spec.buffer_new_tokens, batch_size * self.beams, vocab_size),
+            grammar_state=gather_rows(prefilled.grammar_state, rows),
         )
         state = BeamState(decode, tf.range(batch_size * self.beams), self._initial_search(inputs, decode))
         return self._choose(inputs, state)
@@ -202,6 +204,9 @@ class BeamLoopBase(DecodingLoop):
             finished=tf.repeat(search_done, self.beams),
             scores=record_step(decode.scores, processed, decode.step, spec.output_scores),
             raw_logits=record_step(decode.raw_logits, decode.logits, decode.step, spec.output_logits),
+            # A beam's automaton state follows it: its source beam's state, advanced by its new token.
+            grammar_state=grammar.advance(inputs.knobs, gather_rows(decode.grammar_state, rows), tokens,
+                                          is_eos(tokens, inputs.eos_token_ids)),
         )
         return state._replace(decode=decode, cache_rows=tf.gather(state.cache_rows, rows))
 
@@ -290,7 +295,7 @@ class BeamSearchLoop(BeamLoopBase):
         candidates = static_candidates(inputs, beams)
         ranks = tf.range(candidates)
 
-        context = processor_context(inputs, decode.sequences, step, beams)
+        context = processor_context(inputs, decode.sequences, step, beams, decode.grammar_state)
         processed = apply_processors(
             spec.processor_spec, tf.nn.log_softmax(decode.logits), context, repeat_knobs(inputs.knobs, beams),
             spec.user_processors,

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tfgen.processors import ProcessorContext
 from tfgen.random import uniform_per_row
 from tfgen.stopping import stopped_rows
+from tfgen.structured import graph as grammar
 
 
 class DecodeInputs(NamedTuple):
@@ -54,6 +55,8 @@ class DecodeState(NamedTuple):
     generated: int32 `[R]`, tokens each row chose before it finished (the finishing token included); kept by
         the one-token-per-row loops (beam strategies count their hypotheses' tokens from `beam_indices`).
     scores / raw_logits: float32 `[N, R, V]` processed scores / raw logits per step, or `[0]` when not collected.
+    grammar_state: int32 `[R]`, each row's state in the structured-output automaton (`tfgen.structured`), or `()`
+        when the output is not constrained.
     """
 
     step: tf.Tensor
@@ -66,6 +69,7 @@ class DecodeState(NamedTuple):
     generated: tf.Tensor
     scores: tf.Tensor
     raw_logits: tf.Tensor
+    grammar_state: Any = ()
 
 
 class Prefill(NamedTuple):
@@ -133,6 +137,7 @@ def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_score
         generated=tf.zeros_like(inputs.max_new_tokens),
         scores=score_buffer(output_scores, buffer_new_tokens, batch_size, vocab_size),
         raw_logits=score_buffer(output_logits, buffer_new_tokens, batch_size, vocab_size),
+        grammar_state=grammar.start_states(inputs.knobs, batch_size),
     )
     return Prefill(state, out.hidden_states)
 
@@ -158,8 +163,10 @@ def is_eos(tokens: tf.Tensor, eos_token_ids: tf.Tensor) -> tf.Tensor:
     return tf.reduce_any(tokens[..., None] == eos_token_ids, axis=-1)
 
 
-def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: int = 1) -> ProcessorContext:
-    """Where HF's `input_ids` sits in `sequences` (`copies` consecutive rows per prompt) at `step`."""
+def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: int = 1,
+                      grammar_state=()) -> ProcessorContext:
+    """Where HF's `input_ids` sits in `sequences` (`copies` consecutive rows per prompt) at `step`, and the rows'
+    automaton states (`DecodeState.grammar_state`)."""
     max_length = inputs.prompt_len + inputs.max_new_tokens
     return ProcessorContext(
         sequences=sequences,
@@ -167,6 +174,7 @@ def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: 
         cur_len=inputs.prompt_len + step,
         prompt_len=inputs.prompt_len,
         max_length=max_length if copies == 1 else tf.repeat(max_length, copies),
+        grammar_state=grammar_state,
     )
 
 
@@ -190,7 +198,8 @@ def commit_tokens(state: DecodeState, inputs: DecodeInputs, tokens: tf.Tensor, p
     tokens = tf.where(state.finished, inputs.pad_token_id, tokens)
     index = tf.shape(inputs.input_ids)[1] + state.step
     sequences = write_at(state.sequences, tokens, index)
-    finished = state.finished | is_eos(tokens, inputs.eos_token_ids) | (state.step + 1 >= inputs.max_new_tokens)
+    eos = is_eos(tokens, inputs.eos_token_ids)
+    finished = state.finished | eos | (state.step + 1 >= inputs.max_new_tokens)
     stopped = stopped_rows(spec.stop_strings, spec.stopping_criteria, sequences, index, inputs.start,
                            inputs.pad_token_id, processed)
     if stopped is not None:
@@ -203,6 +212,7 @@ def commit_tokens(state: DecodeState, inputs: DecodeInputs, tokens: tf.Tensor, p
         generated=state.generated + tf.cast(~state.finished, tf.int32),
         scores=record_step(state.scores, processed, state.step, spec.output_scores),
         raw_logits=record_step(state.raw_logits, state.logits, state.step, spec.output_logits),
+        grammar_state=grammar.advance(inputs.knobs, state.grammar_state, tokens, state.finished | eos),
     )
 
 

@@ -105,7 +105,7 @@ class ContrastiveSearchLoop(DecodingLoop):
         probability_weight = tf.cast(1.0 - alpha, tf.float32)[:, None]
         alpha = tf.cast(alpha, tf.float32)[:, None]
 
-        context = processor_context(inputs, decode.sequences, decode.step)
+        context = processor_context(inputs, decode.sequences, decode.step, grammar_state=decode.grammar_state)
         processed = apply_processors(spec.processor_spec, decode.logits, context, inputs.knobs, spec.user_processors)
         top_probs, top_ids = tf.math.top_k(tf.nn.softmax(softmax_limit(processed)), top_k)
 
@@ -125,7 +125,12 @@ class ContrastiveSearchLoop(DecodingLoop):
         # The context is the tokens before this one: the prompt under its mask, then every generated token.
         cosine = tf.where(decode.buffer_mask[:, None, :] == 1, cosine, float("-inf"))
         degeneration = tf.reduce_max(cosine, axis=-1)
-        selected = tf.argmax(probability_weight * top_probs - alpha * degeneration, axis=-1, output_type=tf.int32)
+        selection = probability_weight * top_probs - alpha * degeneration
+        if spec.processor_spec.grammar:
+            # A candidate the automaton forbids has probability 0, but a low enough degeneration penalty could still
+            # pick it (HF's rule): with fewer allowed tokens than candidates, only allowed ones may win.
+            selection = tf.where(top_probs > 0, selection, float("-inf"))
+        selected = tf.argmax(selection, axis=-1, output_type=tf.int32)
         chosen_rows = tf.range(batch_size) * top_k + selected
 
         decode = commit_tokens(decode, inputs, tf.gather(top_ids, selected, batch_dims=1), processed, spec)

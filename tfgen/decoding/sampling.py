@@ -42,7 +42,7 @@ class GreedyOrSampleLoop(DecodingLoop):
     def _choose(self, inputs: DecodeInputs, state: DecodeState) -> DecodeState:
         """Picks the token at `state.step` from `state.logits` and writes it into the buffers."""
         spec = self.spec
-        context = processor_context(inputs, state.sequences, state.step)
+        context = processor_context(inputs, state.sequences, state.step, grammar_state=state.grammar_state)
         scores = apply_processors(spec.processor_spec, state.logits, context, inputs.knobs, spec.user_processors)
         if spec.option("do_sample"):
             tokens = sample_from_scores(scores, inputs.row_seeds, state.step)

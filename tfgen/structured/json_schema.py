@@ -1,0 +1,94 @@
+"""A JSON schema as the regex of its JSON texts (outlines-core's translation), and the schema keywords that the
+regex cannot enforce.
+
+outlines-core turns objects (properties in the schema's order, `required`), strings (`minLength`, `maxLength`,
+`pattern`, `format`), integers, numbers, booleans, null, `enum`, `const`, arrays (`items`, `minItems`,
+`maxItems`), `anyOf` / `oneOf` / `allOf` and `$ref` into one regex; whitespace between tokens is at most one
+space. Properties come in the schema's order. Some keywords it reads but does not enforce (`minimum` on an integer, say): rather than let a schema promise
+what the output does not keep, each keyword is checked by building the regex without it — a keyword whose removal
+changes nothing is reported in a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import warnings
+from typing import Any, Iterator
+
+# Keywords that describe rather than constrain: never reported.
+_ANNOTATIONS = frozenset({
+    "title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated", "readOnly",
+    "writeOnly", "$defs", "definitions", "properties", "items", "type", "$ref", "anyOf", "oneOf", "allOf",
+})
+# Schemas with more keyword occurrences than this skip the per-keyword check (a warning says so).
+_MAX_CHECKED_KEYWORDS = 200
+
+
+def schema_regex(schema: Any) -> str:
+    """The regex of the JSON texts `schema` (a dict, or its JSON text) allows. ValueError for invalid JSON or a
+    schema outlines-core cannot translate; a UserWarning lists keywords the regex does not enforce."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"json_schema: not valid JSON ({err})") from None
+    if not isinstance(schema, dict):
+        raise TypeError(f"json_schema must be a JSON object (a dict), got {type(schema).__name__}")
+    text = json.dumps(schema)
+    pattern = _translated(text)
+    unenforced = _unenforced_keywords(schema, pattern)
+    if unenforced:
+        warnings.warn(
+            "json_schema: these keywords are not enforced on the output (outlines-core's translation ignores "
+            f"them): {', '.join(unenforced)}", UserWarning, stacklevel=4,
+        )
+    return pattern
+
+
+@functools.lru_cache(maxsize=256)
+def _translated(schema_text: str) -> str:
+    from outlines_core.json_schema import build_regex_from_schema  # lazy: only structured output needs it
+
+    try:
+        return build_regex_from_schema(schema_text)
+    except (ValueError, TypeError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"json_schema: unsupported or invalid schema: {first_line}") from None
+
+
+def _keyword_paths(node: Any, path: tuple = ()) -> Iterator[tuple]:
+    """Every `(path to a schema object, keyword)` below `node` (paths index into dicts and lists)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            # Objects are closed unless a schema opens them, so `additionalProperties: false` restates the default.
+            restates_default = key == "additionalProperties" and value is False
+            if (key not in _ANNOTATIONS and not restates_default
+                    and not (path and path[-1] in ("properties", "$defs", "definitions"))):
+                yield path, key
+            yield from _keyword_paths(value, path + (key,))
+    elif isinstance(node, list):
+        for position, value in enumerate(node):
+            yield from _keyword_paths(value, path + (position,))
+
+
+def _unenforced_keywords(schema: dict, pattern: str) -> list[str]:
+    """`/path/keyword` of each keyword whose removal leaves the regex unchanged."""
+    occurrences = list(_keyword_paths(schema))
+    if len(occurrences) > _MAX_CHECKED_KEYWORDS:
+        return [f"(not checked: more than {_MAX_CHECKED_KEYWORDS} keywords)"]
+    unenforced = []
+    for path, keyword in occurrences:
+        trimmed = copy.deepcopy(schema)
+        node = trimmed
+        for step in path:
+            node = node[step]
+        del node[keyword]
+        try:
+            same = _translated(json.dumps(trimmed)) == pattern
+        except ValueError:
+            same = False  # the keyword was needed to translate the schema at all
+        if same:
+            unenforced.append("/" + "/".join(str(step) for step in (*path, keyword)))
+    return unenforced
