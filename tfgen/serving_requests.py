@@ -226,7 +226,9 @@ def check_arrays(signature_name: str, arrays: dict[str, np.ndarray], specs: dict
             raise bad_request(
                 f"input {name!r} has shape {list(array.shape)}, the signature wants {_shape_text(spec.shape)}"
             )
-    batch_sizes = {name: array.shape[0] for name, array in arrays.items() if array.ndim}
+    # Shared knobs (a `structured` signature's automaton tables) have no batch axis.
+    batch_sizes = {name: array.shape[0] for name, array in arrays.items()
+                   if array.ndim and (name not in KNOBS or KNOBS[name].per_row)}
     if len(set(batch_sizes.values())) > 1:
         raise bad_request(f"inputs disagree on the batch size: {batch_sizes}")
     if 0 in batch_sizes.values():

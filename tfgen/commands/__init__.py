@@ -25,3 +25,35 @@ def check_option_flag(flag: str, name: str, value) -> None:
         check_options(config)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{flag}: {error}") from None
+
+
+def add_structured_arguments(parser, what: str) -> None:
+    """`--regex PATTERN` / `--json-schema FILE` (one of them): constrain `what` to text matching them."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--regex", metavar="PATTERN", help=f"constrain {what} to text matching PATTERN as a whole")
+    group.add_argument("--json-schema", metavar="FILE", help=f"constrain {what} to JSON valid for the schema in FILE")
+
+
+def structured_options(args) -> dict:
+    """`{"regex": ...}` or `{"json_schema": dict}` of the `add_structured_arguments` flags given (empty: neither),
+    read before the model loads: ValueError naming the flag for a file that cannot be read or is not a JSON
+    object (the CLI prints it as one line, status 2)."""
+    import json
+
+    if args.regex is not None:
+        if not args.regex:
+            raise ValueError("--regex: the pattern is empty")
+        return {"regex": args.regex}
+    if args.json_schema is None:
+        return {}
+    try:
+        with open(args.json_schema, encoding="utf-8") as file:
+            schema = json.load(file)
+    except OSError as error:
+        raise ValueError(f"--json-schema: cannot read {args.json_schema!r}: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--json-schema: {args.json_schema!r} is not JSON text: {error}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"--json-schema: {args.json_schema!r} holds a JSON {type(schema).__name__}, not a schema "
+                         "object")
+    return {"json_schema": schema}

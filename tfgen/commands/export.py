@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Optional
 
-from tfgen.commands import add_model_argument, check_option_flag
+from tfgen.commands import add_model_argument, add_structured_arguments, check_option_flag, structured_options
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--slot-length", type=int,
                         help="buffer columns of a slot: a request's prompt plus its new tokens (default: "
                         "--max-new-tokens + 256, within the model's positions)")
+    add_structured_arguments(parser, "every signature's output (the automaton is baked in; prompt_lookup and the "
+                             "slot signatures are left out)")
+    parser.add_argument("--structured-inputs", type=_table_sizes, metavar="STATES,CLASSES",
+                        help="add the `structured` signature, whose requests carry a regex's token automaton as "
+                        "tables of these sizes (one program for every pattern that fits)")
     parser.set_defaults(handler=run)
 
 
@@ -65,8 +70,21 @@ MAX_SLOTS = 1024
 MAX_SLOT_LENGTH = 1 << 20
 
 
+def _table_sizes(text: str) -> tuple[int, int]:
+    import argparse
+
+    from tfgen.export.structured_inputs import MAX_TABLE_ENTRIES, check_structured_inputs
+
+    try:
+        return check_structured_inputs(text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STATES,CLASSES: two integers >= 2 (a table of at most "
+                                         f"{MAX_TABLE_ENTRIES} entries), got {text!r}") from None
+
+
 def run(args) -> int:
     check_export_arguments(args)
+    structured = structured_options(args)
     version_dir = export_model(
         args.model,
         args.out_dir,
@@ -82,6 +100,8 @@ def run(args) -> int:
         stop_strings=args.stop_strings,
         slots=args.slots,
         slot_length=args.slot_length,
+        structured_inputs=args.structured_inputs,
+        **structured,
     )
     print(os.path.abspath(version_dir))
     return 0
@@ -126,9 +146,10 @@ def export_model(
     model = AutoModelForCausalLM.from_pretrained(source)
     has_tokenizer = is_gguf_path(model_path) or (source / "tokenizer.json").is_file()
     tokenizer = None
-    if stop_strings or (text and (signatures is None or "generate_text" in signatures)):
+    constrained = options.get("regex") is not None or options.get("json_schema") is not None
+    if stop_strings or constrained or (text and (signatures is None or "generate_text" in signatures)):
         # Only a missing tokenizer.json is a reason to skip generate_text; a malformed one is an error.
-        if has_tokenizer or signatures is not None or stop_strings:
+        if has_tokenizer or signatures is not None or stop_strings or constrained:
             tokenizer = Tokenizer.from_pretrained(source)
         else:
             logger.warning("no tokenizer.json next to the model, so no generate_text signature")

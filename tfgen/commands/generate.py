@@ -3,7 +3,7 @@ the prompt as a user message in the model's chat template and print the answer o
 
 from __future__ import annotations
 
-from tfgen.commands import add_model_argument, check_option_flag
+from tfgen.commands import add_model_argument, add_structured_arguments, check_option_flag, structured_options
 
 # Speculative decoding (assisted generation): flag -> (generation option, the flag it needs).
 DRAFTING_FLAGS = {
@@ -33,6 +33,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="stop once the text ends with TEXT (repeatable)")
     parser.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after SECONDS, compiling included")
+    add_structured_arguments(parser, "the generated text")
     drafting = parser.add_argument_group(
         "speculative decoding", "draft tokens cheaply and verify them with the model in one call: greedy search "
         "writes the same text (sampling with --prompt-lookup too, for the same seed) in fewer model calls when drafts "
@@ -63,6 +64,7 @@ def run(args) -> int:
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat (it is the system message of the chat)")
     drafting = drafting_options(args)
+    structured = structured_options(args)
     model_path = resolve_model_argument(args.model)
     tokenizer = Tokenizer.from_pretrained(model_path)
     # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
@@ -80,6 +82,7 @@ def run(args) -> int:
         "stop_strings": args.stop_strings,
         "max_time": args.max_time,
         **drafting,
+        **structured,
     }
     options = {name: value for name, value in options.items() if value is not None}
     if args.do_sample is False:

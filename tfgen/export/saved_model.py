@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -26,15 +27,22 @@ from tfgen.decoding.loop import DecodeSpec, generate_all
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import make_loop
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
+from tfgen.export.portable import WithoutStaticTokenCount, model_variables, xla_only_ops
 from tfgen.export.request_checks import request_checks
 from tfgen.export.slot_signatures import export_slot_programs, slot_functions, slot_info
+from tfgen.export.structured_inputs import (STRUCTURED_SIGNATURE, STRUCTURED_SPEC, check_structured_inputs,
+                                            constrain_export, constraint_info, constraint_line, placeholder_tables,
+                                            table_checks, table_shapes)
 from tfgen.export.text_graph import in_graph_tokenizer, text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
 from tfgen.knobs import KNOBS, declared
 from tfgen.random import derive_seeds, philox4x32
 from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
 from tfgen.request_size import check_request_fits
+from tfgen.structured.automaton import constraint_automaton
 from tfgen.value_types import is_integer
+
+logger = logging.getLogger(__name__)
 
 EXPORT_INFO_FILE = "tfgen_export.json"
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
@@ -89,6 +97,9 @@ def export_saved_model(
     stop_strings: Optional[Sequence[str]] = None,
     slots: Optional[int] = None,
     slot_length: Optional[int] = None,
+    regex: Optional[str] = None,
+    json_schema=None,
+    structured_inputs: Optional[Sequence[int]] = None,
 ) -> str:
     """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
 
@@ -118,6 +129,10 @@ def export_saved_model(
             `slot_insert`, `slot_steps`, see `tfgen.export.slot_signatures`; `tfgen serve` batches requests
             through them). Default: 8 slots when the model declares `row_cache_index` and `jit_compile`, else none
             (0 leaves them out); `slot_length` defaults to `max_new_tokens` + 256, within the model's positions.
+        regex / json_schema: constrain every signature's output (default: the config's), the automaton baked in;
+            needs `tokenizer`. `prompt_lookup` and the slot signatures cannot carry it and are left out.
+        structured_inputs: `(STATES, CLASSES)` adds the `structured` signature, whose requests carry an automaton's
+            tables of these sizes (`tfgen.export.structured_inputs`).
 
     Returns the version directory. It is written under a temporary name and renamed when complete, so TF
     Serving polling `export_dir` never loads a half-written version.
@@ -128,21 +143,31 @@ def export_saved_model(
     version_dir = os.path.join(export_dir, str(int(version)))
     if os.path.exists(version_dir):
         raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
-    names = _signature_names(signatures, tokenizer is not None, bool(getattr(model, "row_cache_index", False)))
+    row_cache_index = bool(getattr(model, "row_cache_index", False))
+    names = _signature_names(signatures, tokenizer is not None, row_cache_index)
     config = _export_config(model, generation_config, stop_strings)
+    if regex is not None or json_schema is not None:
+        config.update(regex=regex, json_schema=json_schema)
+    names, slots, left_out = constrain_export(config, names, signatures is not None, slots,
+                                              row_cache_index and jit_compile)
+    table_sizes = check_structured_inputs(structured_inputs)
     buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
     choices = export_choices(config, num_beams, contrastive_top_k, prompt_lookup_num_tokens, max_matching_ngram_size)
-    exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer, "generate_text" in names, choices)
-    for name in names:  # every signature's options and sizes are checked before the first is traced
-        exporter.plan(SIGNATURES[name])
-    functions = {name: exporter.concrete_function(SIGNATURES[name]) for name in names}
+    exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer, "generate_text" in names, choices,
+                         None if table_sizes is None else table_shapes(*table_sizes, int(model.config.vocab_size)))
+    specs = {name: SIGNATURES[name] for name in names}
+    if table_sizes is not None:
+        specs[STRUCTURED_SIGNATURE] = STRUCTURED_SPEC
+    for spec in specs.values():  # every signature's options and sizes are checked before the first is traced
+        exporter.plan(spec)
+    functions = {name: exporter.concrete_function(spec) for name, spec in specs.items()}
     slot_programs = export_slot_programs(exporter, model, slots, slot_length, jit_compile)
     if slot_programs is not None:
         functions.update(slot_functions(slot_programs))
     if exporter.text is not None:
         functions.update(text_signature_functions(exporter.text))
     if not jit_compile:
-        xla_ops = _xla_only_ops(functions.values())
+        xla_ops = xla_only_ops(functions.values())
         if xla_ops:
             raise ValueError(
                 "jit_compile=False: the model's graph uses ops that only run through XLA "
@@ -158,19 +183,26 @@ def export_saved_model(
         os.makedirs(extra, exist_ok=True)
         config.save_pretrained(extra)
         # One small request per table signature, which TF Serving (and `tfgen serve`) runs at load: see warmup.py.
-        warmup = warmup_requests({name: functions[name].structured_input_signature[0][0] for name in names},
+        warmup = warmup_requests({name: functions[name].structured_input_signature[0][0] for name in specs},
                                  exporter.vocab_size, warmup_prompt_tokens(exporter.max_positions, buffer_new_tokens),
                                  tokenizer)
         info = {
             "max_new_tokens": buffer_new_tokens,
             "jit_compile": bool(jit_compile),
             **dataclasses.asdict(choices),
-            "signatures": {name: SIGNATURES[name].description for name in names},
+            "signatures": {name: spec.description for name, spec in specs.items()},
             "warmup_requests": write_warmup_requests(os.path.join(extra, WARMUP_FILE), warmup,
                                                      os.path.basename(os.path.normpath(export_dir))),
         }
         if slot_programs is not None:
             info["slots"] = slot_info(slot_programs, config)
+        if exporter.table_shapes is not None:
+            info["structured_inputs"] = {"states": table_sizes[0], "classes": table_sizes[1],
+                                         "vocab_size": exporter.vocab_size}
+        automaton = constraint_automaton(config, tokenizer, exporter.vocab_size)
+        if automaton is not None:
+            info["constraint"] = constraint_info(config, automaton, left_out)
+            logger.info("%s", constraint_line(info["constraint"]))
         with open(os.path.join(extra, EXPORT_INFO_FILE), "w", encoding="utf-8") as file:
             json.dump(info, file, indent=2)
         os.rename(staging, version_dir)
@@ -222,62 +254,14 @@ def _buffer_new_tokens(model, config: GenerationConfig, max_new_tokens) -> int:
     return int(max_new_tokens)
 
 
-def _xla_only_ops(functions) -> set[str]:
-    """Op types (TF's `Xla*` ops) in the functions' graphs that TF runs only by compiling them with XLA."""
-    found = set()
-    for function in functions:
-        graph_def = function.graph.as_graph_def()
-        nodes = list(graph_def.node) + [node for f in graph_def.library.function for node in f.node_def]
-        found.update(node.op for node in nodes if node.op.startswith("Xla"))
-    return found
-
-
-class _WithoutStaticTokenCount:
-    """The model, with the token count of each cached call hidden from static shape inference.
-
-    GPT-2 writes a static number of new tokens into its cache with `dynamic_update_slice` — an XLA op that TF
-    runs only by compiling it, which TF Serving refuses unless started with XLA enabled — and an unknown number
-    with plain TF ops. A `jit_compile=False` export wraps the model in this so that it stays XLA-free.
-    """
-
-    def __init__(self, model):
-        self._model = model
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def decoding_view(self, rows):
-        # The model's view would call the unwrapped model; this wrapper must stay in between.
-        return self
-
-    def call_with_cache(self, input_ids, *args, **kwargs):
-        unknown_length = tf.compat.v1.placeholder_with_default(input_ids, [None, None])
-        return self._model.call_with_cache(unknown_length, *args, **kwargs)
-
-
-def _model_variables(model) -> list:
-    """The `tf.Variable`s behind `model.variables`.
-
-    The export tracks these rather than the model: Keras 3 wraps each in a KerasVariable that SavedModel saves
-    as a separate copy, which the TF1 loader (TF Serving's) restores while the functions read the original.
-    """
-    found = []
-    for variable in model.variables:
-        inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
-        if not isinstance(inner, tf.Variable):
-            raise TypeError(f"model: cannot find the tf.Variable behind {variable!r}")
-        found.append(inner)
-    return found
-
-
 class _Exporter:
     """Builds the signature functions of one export; `module` holds everything they capture."""
 
     def __init__(
         self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer,
-        text_signature: bool, choices: ExportChoices,
+        text_signature: bool, choices: ExportChoices, table_shapes: Optional[dict] = None,
     ):
-        self.model = model if jit_compile else _WithoutStaticTokenCount(model)
+        self.model = model if jit_compile else WithoutStaticTokenCount(model)
         self.config = config
         self.choices = choices
         self.vocab_size = int(model.config.vocab_size)
@@ -286,8 +270,9 @@ class _Exporter:
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.pad_token_id = pad_token_id_of(config, self.vocab_size)
         self.module = tf.Module()
-        self.module.model_variables = _model_variables(model)
+        self.module.model_variables = model_variables(model)
         self.tokenizer = tokenizer
+        self.table_shapes = table_shapes  # {knob: shape} of the tables a `structured` signature takes
         self.text = in_graph_tokenizer(tokenizer, self.vocab_size) if text_signature else None
         self.module.text_tokenizer = None if self.text is None else self.text.layer
         self._decoders = {}
@@ -303,6 +288,8 @@ class _Exporter:
             }
         for name in spec.row_inputs:
             input_specs[name] = tf.TensorSpec([None, *declared(name).row_shape], _wire_dtype(name), name=name)
+        for name in spec.table_inputs:
+            input_specs[name] = tf.TensorSpec(self.table_shapes[name], KNOBS[name].dtype, name=name)
 
         def serve(inputs):
             if spec.text:
@@ -311,9 +298,12 @@ class _Exporter:
                 input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
             checks = request_checks(input_ids, attention_mask, inputs, spec.row_inputs, vocab_size=self.vocab_size,
                                     max_positions=self.max_positions, buffer_new_tokens=self.buffer_new_tokens)
+            if spec.table_inputs:
+                checks += table_checks(inputs, *self.table_shapes["grammar_next"])
             with tf.control_dependencies(checks):
                 input_ids = tf.identity(input_ids)
-            outputs = decoder(input_ids, attention_mask, {name: inputs[name] for name in spec.row_inputs})
+            outputs = decoder(input_ids, attention_mask,
+                              {name: inputs[name] for name in (*spec.row_inputs, *spec.table_inputs)})
             if spec.text:
                 width = tf.shape(input_ids)[1]
                 return {"text": self.text.decode(outputs["sequences"], width, outputs["sequence_lengths"])}
@@ -342,7 +332,9 @@ class _Exporter:
         # One prompt row of one token is the least any call of the signature decodes: refuse an export no call fits.
         check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens)
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
-        knobs = knob_values(config, mode, 1, self.vocab_size)
+        knobs = knob_values(config, mode, 1, self.vocab_size, self.tokenizer)
+        if signature.table_inputs:  # the request's tables replace any baked ones (one program per table size)
+            knobs.update(placeholder_tables(self.table_shapes))
         spec = decode_spec(
             config, mode, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
             processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,

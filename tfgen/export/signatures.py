@@ -47,6 +47,8 @@ class SignatureSpec:
     text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
     row_cache_index: decodes speculatively, so it needs a model declaring `row_cache_index` (a per-row cache slot,
         `tfgen.models.protocol`); left out of the default signatures of a model without it.
+    table_inputs: shared knobs taken as inputs of shapes fixed at export, without a batch axis (the `structured`
+        signature's automaton tables, `tfgen.export.structured_inputs`).
     """
 
     description: str
@@ -56,6 +58,7 @@ class SignatureSpec:
     outputs: tuple[str, ...] = ()
     text: bool = False
     row_cache_index: bool = False
+    table_inputs: tuple[str, ...] = ()
 
     def options(self, choices: ExportChoices) -> dict:
         """The generation options of this signature in an export made with `choices`."""

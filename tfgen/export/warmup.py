@@ -97,6 +97,8 @@ def warmup_inputs(input_specs: dict, vocab_size: int, prompt_tokens: int = WARMU
                 value = declared(name).fill(1)
             except KeyError:
                 raise ValueError(f"input_specs: no warm-up value for the input {name!r}") from None
+            if not declared(name).per_row:  # a shared knob of fixed shape (a structured signature's tables)
+                value = np.broadcast_to(value, spec.shape.as_list())
         inputs[name] = value if dtype == object else np.asarray(value).astype(dtype)
     return inputs
 
