@@ -221,6 +221,8 @@ def test_diversity_penalty_without_groups_warns_not_raises():
     dict(num_beams=2, dola_layers="low"), dict(num_beams=2, prompt_lookup_num_tokens=3),
     dict(prompt_lookup_num_tokens=3), dict(do_sample=True, assistant_early_exit=2),
     dict(penalty_alpha=0.6, top_k=4, prompt_lookup_num_tokens=3),
+    dict(num_beams=2, force_words_ids=[[1, 2]]), dict(num_beams=2, constraints=["placeholder"]),
+    dict(force_words_ids=[[1, 2]], prompt_lookup_num_tokens=3),
 ])
 def test_generation_mode_matches_hf(kwargs):
     with warnings.catch_warnings():
@@ -236,8 +238,6 @@ def test_ignored_dola_option_warns():
 
 
 @pytest.mark.parametrize("kwargs, option", [
-    (dict(num_beams=2, force_words_ids=[[1, 2]]), "force_words_ids"),
-    (dict(num_beams=2, constraints=["placeholder"]), "constraints"),
     (dict(dola_layers="high"), "dola_layers"),
 ])
 def test_unsupported_generation_modes_raise(kwargs, option):

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tfgen import GenerationConfig
+from tfgen import GenerationConfig, PhrasalConstraint
 
 from conftest import word_level_tokenizer
 
@@ -42,6 +42,8 @@ HONOURED = {
     "length_penalty": (0.5, BEAMS),
     "no_repeat_ngram_size": (2, {}),
     "bad_words_ids": ([[5]], {}),
+    "force_words_ids": ([[5]], BEAMS),
+    "constraints": ([PhrasalConstraint([5, 6])], BEAMS),
     "renormalize_logits": (True, {}),
     "forced_bos_token_id": (5, {}),
     "forced_eos_token_id": (5, {}),
@@ -71,8 +73,6 @@ REFUSED = {
     "return_legacy_cache": (True, {}),
     "prefill_chunk_size": (16, {}),
     "encoder_repetition_penalty": (1.2, {}),
-    "force_words_ids": ([[5]], BEAMS),
-    "constraints": (["a constraint"], BEAMS),
     "token_healing": (True, {}),
     "guidance_scale": (1.5, {}),
     "low_memory": (True, {}),

@@ -43,6 +43,7 @@ class GenerationMode(enum.StrEnum):
     BEAM_SEARCH = "beam_search"
     BEAM_SAMPLE = "beam_sample"
     GROUP_BEAM_SEARCH = "group_beam_search"
+    CONSTRAINED_BEAM_SEARCH = "constrained_beam_search"
     ASSISTED_GENERATION = "assisted_generation"
 
 
@@ -53,7 +54,7 @@ class GenerationConfig:
     any unknown keys a loaded JSON file had (kept so they round-trip). For the meaning of each option see
     HF's `GenerationConfig` documentation. Knobs that HF treats as "off" when `None` (temperature, top_k,
     top_p, typical_p, min_p, epsilon/eta cutoffs, penalties, no_repeat_ngram_size) may be `None` here too.
-    Options for features tfgen does not implement (constrained, assisted and DoLa decoding, watermarking,
+    Options for features tfgen does not implement (universal assisted and DoLa decoding, watermarking,
     cache/compile settings) are carried for compatibility; `get_generation_mode()` rejects the modes.
     """
 
@@ -302,14 +303,14 @@ class GenerationConfig:
 
         `prompt_lookup_num_tokens`, `assistant_early_exit` or an `assistant_model` turn greedy search or sampling
         into assisted generation (speculative decoding); as in HF they are ignored (with a warning) in the other
-        modes. Raises ValueError when the options select a strategy tfgen does not implement (constrained beam
-        search, DoLa decoding), naming the option that selected it; DoLa's option is likewise only warned about
-        outside greedy search and sampling.
+        modes. `constraints` / `force_words_ids` select constrained beam search whatever the other options (its
+        own checks come when a request is built). Raises ValueError when the options select a strategy tfgen does
+        not implement (DoLa decoding), naming the option that selected it; DoLa's option is likewise only warned
+        about outside greedy search and sampling.
         """
-        for option in ("constraints", "force_words_ids"):
-            if getattr(self, option) is not None:
-                raise ValueError(f"`{option}` selects constrained beam search, which tfgen does not support.")
-        if self.num_beams == 1:
+        if self.constraints is not None or self.force_words_ids is not None:
+            mode = GenerationMode.CONSTRAINED_BEAM_SEARCH
+        elif self.num_beams == 1:
             if self.do_sample:
                 mode = GenerationMode.SAMPLE
             elif (self.top_k or 0) > 1 and (self.penalty_alpha or 0) > 0:

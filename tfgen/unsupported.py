@@ -34,8 +34,8 @@ _ASSISTED = ("it belongs to universal assisted generation (an assistant with ano
 _FIXED_DRAFTS = ("tfgen drafts a fixed number of tokens per round (`num_assistant_tokens`), so that one compiled "
                  "program serves every round")
 
-#: Options tfgen refuses when they ask for something (mode-selecting options such as `constraints`,
-#: `force_words_ids` and `dola_layers` are refused by `get_generation_mode`).
+#: Options tfgen refuses when they ask for something (`dola_layers`, which selects a mode, is refused by
+#: `get_generation_mode`).
 REFUSED: dict[str, Refusal] = {
     "output_attentions": Refusal(_true, "the compiled loop does not return attention weights"),
     "output_hidden_states": Refusal(_true, "the compiled loop does not return hidden states"),

@@ -13,6 +13,7 @@ import numpy as np
 
 from tfgen.config import GenerationConfig, GenerationMode
 from tfgen.decoding.beam import BeamSearchLoop, beam_knobs, beam_options
+from tfgen.decoding.constrained_beam import ConstrainedBeamSearchLoop, constrained_options
 from tfgen.decoding.contrastive import ContrastiveSearchLoop, contrastive_knobs, contrastive_options
 from tfgen.decoding.group_beam import GroupBeamSearchLoop, group_beam_knobs, group_beam_options
 from tfgen.decoding.loop import DecodeSpec, DecodingLoop
@@ -63,6 +64,9 @@ STRATEGIES: dict[GenerationMode, Strategy] = {
     GenerationMode.BEAM_SAMPLE: Strategy(BeamSearchLoop, beam_options, beam_knobs, cache_rows_per_prompt=_beams),
     GenerationMode.GROUP_BEAM_SEARCH: Strategy(
         GroupBeamSearchLoop, group_beam_options, group_beam_knobs, cache_rows_per_prompt=_beams
+    ),
+    GenerationMode.CONSTRAINED_BEAM_SEARCH: Strategy(
+        ConstrainedBeamSearchLoop, constrained_options, beam_knobs, cache_rows_per_prompt=_beams
     ),
     GenerationMode.CONTRASTIVE_SEARCH: Strategy(
         ContrastiveSearchLoop, contrastive_options, contrastive_knobs,
