@@ -45,15 +45,15 @@ def measure(label: str, first_form: str, root: str) -> dict:
             "top_k": np.zeros([2], np.int32), "top_p": np.ones([2], np.float32),
             "max_new_tokens": np.full([2], N, np.int32)}
     pattern = R if label == "regex" else schema_regex(SCHEMA)
-    automaton = build_automaton(tokenizer, 4096, pattern)
-    bucket = automaton.next_state.shape[0]
+    automaton = build_automaton(tokenizer, int(model.config.vocab_size), pattern)
+    bucket = tuple(int(size) for size in automaton.next_state.shape)  # (states, classes), each padded
     baked = export_saved_model(model, f"{root}/baked", max_new_tokens=N, signatures=["sample"], tokenizer=tokenizer,
                                regex=pattern)
     inputs = export_saved_model(model, f"{root}/inputs", max_new_tokens=N, signatures=["sample"], slots=0,
-                                structured_inputs=(bucket, bucket))
+                                structured_inputs=bucket)
     functions = {"baked": (tf.saved_model.load(baked).signatures["sample"], {}),
                  "inputs": (tf.saved_model.load(inputs).signatures["structured"],
-                            structured_tables(automaton, bucket, bucket))}
+                            structured_tables(automaton, *bucket))}
 
     def call(form):
         function, tables = functions[form]
@@ -73,7 +73,7 @@ def measure(label: str, first_form: str, root: str) -> dict:
             times[form].append(time.perf_counter() - began)
     return {
         "pattern": label, "compiled_first": first_form, "states": automaton.states, "classes": automaton.classes,
-        "bucket": bucket, "first_call_s": {form: round(value, 2) for form, value in first.items()},
+        "bucket": list(bucket), "first_call_s": {form: round(value, 2) for form, value in first.items()},
         "median_call_ms": {form: round(statistics.median(value) * 1e3, 1) for form, value in times.items()},
         "fastest_call_ms": {form: round(min(value) * 1e3, 1) for form, value in times.items()},
         "same_tokens": bool((outputs["baked"]["sequences"].numpy() == outputs["inputs"]["sequences"].numpy()).all()),

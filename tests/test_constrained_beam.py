@@ -24,7 +24,7 @@ from conftest import left_padded_batch, word_level_tokenizer
 from llama_checkpoints import build_hf_model
 
 from tfgen import AutoModelForCausalLM, DisjunctiveConstraint, PhrasalConstraint, TextStreamer
-from tfgen.constraints import constraint_tables
+from tfgen.constraints import check_constraint_vocabulary, constraint_tables
 from tfgen.decoding.constraint_states import ConstraintGraph
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90]]
@@ -247,6 +247,8 @@ class _Custom(hf_constraints.PhrasalConstraint):
     (dict(force_words_ids=[[5]], do_sample=True), ValueError, "do_sample"),
     (dict(force_words_ids=[[5]], num_beam_groups=2, diversity_penalty=0.5), ValueError, "num_beam_groups"),
     (dict(force_words_ids=[[5]], stop_strings=["w5"]), ValueError, "stop_strings"),
+    (dict(force_words_ids=[[5]], stopping_criteria=[lambda ids, scores: ids[:, -1] == 5]), ValueError,
+     "stopping_criteria"),
     (dict(force_words_ids=[[5]], streamer=TextStreamer), ValueError, "stream"),
     (dict(force_words_ids=[[5]], regex="w5|w6"), ValueError, "regex"),
 ])
@@ -274,11 +276,24 @@ def test_constraint_classes_check_their_arguments_as_hf(make, match):
 def test_token_outside_the_vocabulary_and_export_are_refused(tiny_model, tmp_path):
     from tfgen import GenerationConfig, export_saved_model
 
-    with pytest.raises(ValueError, match="vocabulary"):
-        tiny_model.generate(np.array([[5, 6, 7]]), num_beams=2, max_new_tokens=3, force_words_ids=[[5, 500]])
+    vocab_size = tiny_model.config.vocab_size
+    traces = tiny_model.generate_trace_count
+    with pytest.raises(ValueError, match=rf"force_words_ids / constraints: token id {vocab_size} \(constraint 1, "
+                       rf"\[\[7\], \[8, {vocab_size}\]\]\) is outside the model's vocabulary \[0, {vocab_size}\)"):
+        tiny_model.generate(np.array([[5, 6, 7]]), num_beams=2, max_new_tokens=3,
+                            force_words_ids=[[5, 6], [[7], [8, vocab_size]]])
+    assert tiny_model.generate_trace_count == traces  # refused by the request layer, before compiling
     config = GenerationConfig(num_beams=2, force_words_ids=[[5]], max_new_tokens=3)
     with pytest.raises(ValueError, match="constrained_beam_search"):
         export_saved_model(tiny_model, tmp_path, config)
+
+
+def test_the_vocabulary_check_names_the_constraint():
+    tables = constraint_tables(force_words_ids=[[5, 6], [[7], [8, 99]]])
+    check_constraint_vocabulary(tables, 100)
+    with pytest.raises(ValueError, match=r"^force_words_ids / constraints: token id 99 \(constraint 1, \[\[7\], "
+                       r"\[8, 99\]\]\) is outside the model's vocabulary \[0, 99\)\.$"):
+        check_constraint_vocabulary(tables, 99)
 
 
 def test_tables_are_shared_by_equal_constraints():

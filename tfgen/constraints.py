@@ -18,7 +18,8 @@ import functools
 import numbers
 from typing import Any
 
-__all__ = ["ConstraintTables", "DisjunctiveConstraint", "PhrasalConstraint", "constraint_tables"]
+__all__ = ["ConstraintTables", "DisjunctiveConstraint", "PhrasalConstraint", "check_constraint_vocabulary",
+           "constraint_tables"]
 
 
 def _is_token_id(value: Any) -> bool:
@@ -235,3 +236,14 @@ def _aliased_banks(trie: dict, path: tuple, seqlen: int, max_seqlen: int) -> lis
 def constraint_tables(constraints=None, force_words_ids=None) -> ConstraintTables:
     """The tables of a config's `constraints` and `force_words_ids` (checked as HF's generate checks them)."""
     return tables_of_words(constraint_words(constraints, force_words_ids))
+
+
+def check_constraint_vocabulary(tables: ConstraintTables, vocab_size: int) -> None:
+    """ValueError, naming the options and the constraint, when a token id of `tables` is not below `vocab_size` (the
+    request layer's check, before anything compiles)."""
+    if tables.largest_token < vocab_size:
+        return
+    index, words = next((index, words) for index, words in enumerate(tables.words)
+                        if any(tables.largest_token in word for word in words))
+    raise ValueError(f"force_words_ids / constraints: token id {tables.largest_token} (constraint {index}, "
+                     f"{[list(word) for word in words]}) is outside the model's vocabulary [0, {vocab_size}).")

@@ -14,6 +14,7 @@ import numpy as np
 
 from tfgen.knobs import KNOBS, padded_token_ids
 from tfgen.processors import ProcessorSpec
+from tfgen.structured.automaton import structured_option
 from tfgen.value_types import is_integer, is_real
 
 # The smallest static top-k candidate count (a power of two); see `ProcessorSpec.top_k_cap`.
@@ -178,7 +179,7 @@ def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -
         bad_words_ids=active["bad_words_ids"] or (),
         top_k_cap=top_k_cap,
         min_tokens_to_keep=min_tokens_to_keep,
-        grammar=_option(config, "regex") is not None or _option(config, "json_schema") is not None,
+        grammar=structured_option(config) is not None,
         **{
             name: is_on(name)
             for name in (

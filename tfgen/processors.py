@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tfgen.input_checks import check_callables
 from tfgen.structured import graph as grammar
-from tfgen.warpers import apply_warpers, drop_tokens, per_row_knob, read_knob
+from tfgen.warpers import apply_warpers, drop_tokens, id_mask, per_row_knob, read_knob
 
 _NEG_INF = float("-inf")
 
@@ -97,11 +97,6 @@ class LogitsProcessor:
 
 # ----------------------------------------------------------------------------------------------------------
 # In-graph processors
-
-
-def _id_mask(token_ids: tf.Tensor, vocab_size: int) -> tf.Tensor:
-    """bool [V]: which vocabulary entries appear in `token_ids` int32 [N] (-1 entries match nothing)."""
-    return tf.reduce_any(tf.range(vocab_size)[:, None] == token_ids[None, :], axis=1)
 
 
 def _only(mask: tf.Tensor) -> tf.Tensor:
@@ -233,7 +228,7 @@ def apply_processors(
     if vocab_size is None:
         raise ValueError("scores must have a static vocabulary dimension")
     cur_len = _current_length(ctx)
-    eos_mask = lambda: _id_mask(read_knob(knobs, "eos_token_ids", tf.int32), vocab_size)[None, :]  # noqa: E731
+    eos_mask = lambda: id_mask(read_knob(knobs, "eos_token_ids", tf.int32), vocab_size)[None, :]  # noqa: E731
 
     if spec.sequence_bias:
         biases = read_knob(knobs, "sequence_bias", tf.float32)
@@ -262,7 +257,7 @@ def apply_processors(
         scores = tf.where(tf.equal(cur_len, 1), _only(bos)[None, :], scores)
     if spec.forced_eos_token_id:
         last_step = tf.reshape(ctx.max_length, [-1, 1]) - 1 == cur_len
-        forced = _id_mask(read_knob(knobs, "forced_eos_token_ids", tf.int32), vocab_size)
+        forced = id_mask(read_knob(knobs, "forced_eos_token_ids", tf.int32), vocab_size)
         scores = tf.where(last_step, _only(forced)[None, :], scores)
     if spec.remove_invalid_values:
         finfo = np.finfo(np.float32)

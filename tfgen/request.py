@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.constraints import check_constraint_vocabulary
 from tfgen.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
 from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
 from tfgen.decoding.common import DecodeInputs
@@ -28,11 +29,12 @@ from tfgen.processors import check_user_processors
 from tfgen.random import derive_seeds
 from tfgen.request_size import check_request_fits
 from tfgen.stop_strings import stop_string_tables
-from tfgen.structured.automaton import constraint_automaton
+from tfgen.structured.automaton import constraint_automaton, structured_option
 from tfgen.stopping import check_user_criteria, split_stopping_criteria
 from tfgen.unsupported import refuse_unsupported
 
-_BEAM_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.GROUP_BEAM_SEARCH)
+_BEAM_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.GROUP_BEAM_SEARCH,
+               GenerationMode.CONSTRAINED_BEAM_SEARCH)
 # The strategies whose rows carry a structured-output automaton state.
 _GRAMMAR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH,
                   GenerationMode.BEAM_SAMPLE, GenerationMode.CONTRASTIVE_SEARCH)
@@ -166,12 +168,11 @@ def pad_token_id_of(config: GenerationConfig, vocab_size: Optional[int] = None) 
 
 
 def knob_values(config: GenerationConfig, mode: GenerationMode, batch_size: int, vocab_size: int,
-                tokenizer=None) -> dict:
+                automaton=None) -> dict:
     """Every run-time knob of `config`'s decoding in `mode` for `batch_size` rows (numpy arrays): the processors',
-    the strategy's and the tables of a `regex` / `json_schema` automaton (built with `tokenizer`, cached)."""
+    the strategy's, and `automaton`'s tables (`constraint_automaton`: the config's `regex` / `json_schema`)."""
     strategy = strategy_for(mode)
     knobs = {**processor_knobs_from_config(config, batch_size, vocab_size), **strategy.runtime_knobs(config, batch_size)}
-    automaton = constraint_automaton(config, tokenizer, vocab_size)
     if automaton is not None:
         knobs.update(automaton.knobs())
     return knobs
@@ -210,9 +211,11 @@ def decode_spec(
     stopping_criteria = check_user_criteria(stopping_criteria)
     processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
     if processor_spec.grammar and mode not in _GRAMMAR_MODES:
-        option = "regex" if config.regex is not None else "json_schema"
-        raise ValueError(f"{option}: structured output works with greedy search, sampling, beam search, beam sampling "
+        raise ValueError(f"{structured_option(config)}: structured output works with greedy search, sampling, beam search, beam sampling "
                          f"and contrastive search, not with {mode.value.replace('_', ' ')}.")
+    if stopping_criteria and mode == GenerationMode.CONSTRAINED_BEAM_SEARCH:
+        raise ValueError("stopping_criteria: constrained beam search does not support them (HF applies them to the "
+                         "running beams as a whole, not per hypothesis).")
     if (stop_strings is not None or stopping_criteria) and mode == GenerationMode.GROUP_BEAM_SEARCH:
         raise ValueError(
             "stop_strings / stopping_criteria: group beam search does not support them yet (beam search, sampling, "
@@ -223,6 +226,8 @@ def decode_spec(
     if mode == GenerationMode.CONTRASTIVE_SEARCH and static_options["top_k"] > vocab_size:
         raise ValueError(f"top_k: contrastive search ranks top_k={static_options['top_k']} candidates, more than "
                          f"the vocabulary's {vocab_size} tokens.")
+    if mode == GenerationMode.CONSTRAINED_BEAM_SEARCH:
+        check_constraint_vocabulary(static_options["constraints"], vocab_size)
     if processor_overrides:
         processor_spec = dataclasses.replace(processor_spec, **processor_overrides)
     user_processors = check_user_processors(user_processors)
@@ -336,7 +341,8 @@ def prepare_request(
     budgets[:batch_size] = max_new_tokens
     seeds = np.zeros([padded_batch, 2], np.int32)
     seeds[:batch_size] = row_seeds
-    knobs = knob_values(config, mode, padded_batch, vocab_size, tokenizer)
+    automaton = constraint_automaton(config, tokenizer, vocab_size)
+    knobs = knob_values(config, mode, padded_batch, vocab_size, automaton)
 
     spec = decode_spec(
         config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
@@ -362,5 +368,5 @@ def prepare_request(
         max_new_tokens=max_new_tokens,
         return_dict=bool(config.return_dict_in_generate),
         max_time=config.max_time,
-        automaton=constraint_automaton(config, tokenizer, vocab_size),
+        automaton=automaton,
     )

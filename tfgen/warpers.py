@@ -20,7 +20,7 @@ _NEG_INF = float("-inf")
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shared with the logits processors (`tfgen.processors`)
+# Shared with the logits processors (`tfgen.processors`) and the structured-output mask (`tfgen.structured.graph`)
 
 
 def read_knob(knobs, name: str, dtype) -> tf.Tensor:
@@ -33,6 +33,12 @@ def read_knob(knobs, name: str, dtype) -> tf.Tensor:
 def per_row_knob(knobs, name: str, dtype=tf.float32) -> tf.Tensor:
     """A per-row knob [B] as a column [B, 1] that broadcasts against scores [B, V]."""
     return tf.reshape(read_knob(knobs, name, dtype), [-1, 1])
+
+
+def id_mask(token_ids: tf.Tensor, vocab_size: int) -> tf.Tensor:
+    """bool [V]: which vocabulary entries appear in `token_ids` int32 [N] (-1 entries match nothing), e.g. the eos
+    ids of a knob."""
+    return tf.reduce_any(tf.range(vocab_size)[:, None] == token_ids[None, :], axis=1)
 
 
 def drop_tokens(scores: tf.Tensor, removed: tf.Tensor) -> tf.Tensor:

@@ -199,9 +199,8 @@ def export_saved_model(
         if exporter.table_shapes is not None:
             info["structured_inputs"] = {"states": table_sizes[0], "classes": table_sizes[1],
                                          "vocab_size": exporter.vocab_size}
-        automaton = constraint_automaton(config, tokenizer, exporter.vocab_size)
-        if automaton is not None:
-            info["constraint"] = constraint_info(config, automaton, left_out)
+        if exporter.automaton is not None:
+            info["constraint"] = constraint_info(config, exporter.automaton, left_out)
             logger.info("%s", constraint_line(info["constraint"]))
         with open(os.path.join(extra, EXPORT_INFO_FILE), "w", encoding="utf-8") as file:
             json.dump(info, file, indent=2)
@@ -272,6 +271,8 @@ class _Exporter:
         self.module = tf.Module()
         self.module.model_variables = model_variables(model)
         self.tokenizer = tokenizer
+        # The `regex` / `json_schema` automaton baked into every table signature (built once, before any trace).
+        self.automaton = constraint_automaton(config, tokenizer, self.vocab_size)
         self.table_shapes = table_shapes  # {knob: shape} of the tables a `structured` signature takes
         self.text = in_graph_tokenizer(tokenizer, self.vocab_size) if text_signature else None
         self.module.text_tokenizer = None if self.text is None else self.text.layer
@@ -332,7 +333,7 @@ class _Exporter:
         # One prompt row of one token is the least any call of the signature decodes: refuse an export no call fits.
         check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens)
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
-        knobs = knob_values(config, mode, 1, self.vocab_size, self.tokenizer)
+        knobs = knob_values(config, mode, 1, self.vocab_size, self.automaton)
         if signature.table_inputs:  # the request's tables replace any baked ones (one program per table size)
             knobs.update(placeholder_tables(self.table_shapes))
         spec = decode_spec(

@@ -27,6 +27,8 @@ from typing import Optional
 import numpy as np
 
 from tfgen.export.signatures import SIGNATURES, SignatureSpec
+from tfgen.knobs import KNOBS
+from tfgen.structured.automaton import structured_option
 
 STRUCTURED_SIGNATURE = "structured"
 #: The tables a `structured` request carries, in `tfgen.knobs` names.
@@ -71,15 +73,9 @@ def table_shapes(states: int, classes: int, vocab_size: int) -> dict[str, tuple]
 
 
 def placeholder_tables(shapes: dict[str, tuple]) -> dict[str, np.ndarray]:
-    """Tables of these shapes that allow any text (state 1 loops on every class but 0 and accepts): the program's
-    knob layout, and the `structured` signature's warm-up request."""
-    states, classes = shapes["grammar_next"]
-    next_state = np.zeros([states, classes], np.int32)
-    next_state[1, 1:] = 1
-    accepting = np.zeros([states], np.bool_)
-    accepting[1] = True
-    return {"grammar_next": next_state, "grammar_token_class": np.ones(shapes["grammar_token_class"], np.int32),
-            "grammar_accepting": accepting}
+    """Neutral tables of these shapes: the `structured` program's knob layout (shapes and dtypes; every request
+    brings its own values, so these are never run)."""
+    return {name: np.zeros(shape, KNOBS[name].dtype) for name, shape in shapes.items()}
 
 
 def structured_tables(automaton, states: int, classes: int, vocab_size: Optional[int] = None) -> dict[str, np.ndarray]:
@@ -125,14 +121,15 @@ def constrain_export(config, names: list[str], explicit: bool, slots, slots_by_d
     """`(names, slots, left_out)` of an export whose `config` may set `regex` / `json_schema`: under a constraint,
     the table signatures without those that cannot carry the automaton and no slot programs, with what that left
     out of the defaults; ValueError when the caller named such a signature or asked for slots."""
-    if not is_constrained(config):
+    option = structured_option(config)
+    if option is None:
         return names, slots, []
     refused = [name for name in names if name in UNCONSTRAINABLE]
     if refused and explicit:
-        raise ValueError(f"signatures: {', '.join(refused)} (assisted generation) cannot carry a {_option(config)} "
+        raise ValueError(f"signatures: {', '.join(refused)} (assisted generation) cannot carry a {option} "
                          "constraint; leave it out or export without the constraint")
     if slots:
-        raise ValueError(f"slots: the continuous-batching signatures cannot carry a {_option(config)} constraint; "
+        raise ValueError(f"slots: the continuous-batching signatures cannot carry a {option} constraint; "
                          "export with slots=0 (tfgen serve then runs requests as whole calls)")
     left_out = refused + (list(SLOT_SIGNATURE_NAMES) if slots is None and slots_by_default else [])
     return [name for name in names if name not in UNCONSTRAINABLE], 0, left_out
@@ -141,7 +138,7 @@ def constrain_export(config, names: list[str], explicit: bool, slots, slots_by_d
 def constraint_info(config, automaton, left_out: list[str]) -> dict:
     """What `tfgen_export.json` records under "constraint": the option, the automaton's regex, sizes and table
     bytes, and the signatures left out."""
-    option = _option(config)
+    option = structured_option(config)
     return {
         "option": option, option: getattr(config, option), "pattern": automaton.pattern,
         "states": automaton.states, "classes": automaton.classes, "padded_states": int(automaton.next_state.shape[0]),
@@ -157,14 +154,6 @@ def constraint_line(info: dict) -> str:
     if SLOT_SIGNATURE_NAMES[0] in info["left_out"]:
         left_out += " (`tfgen serve` runs its requests as whole calls)"
     return f"constrained export ({info['option']}: {sizes}){left_out}"
-
-
-def is_constrained(config) -> bool:
-    return getattr(config, "regex", None) is not None or getattr(config, "json_schema", None) is not None
-
-
-def _option(config) -> str:
-    return "regex" if getattr(config, "regex", None) is not None else "json_schema"
 
 
 def _short(pattern: str, limit: int = 60) -> str:

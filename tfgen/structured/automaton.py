@@ -183,16 +183,23 @@ def _tables(index, placeholder_eos: int, vocab_size: int, pattern: str, began: f
     )
 
 
+def structured_option(config) -> Optional[str]:
+    """`"regex"` or `"json_schema"`: the structured-output option `config` sets (None: neither)."""
+    for name in ("regex", "json_schema"):
+        if getattr(config, name, None) is not None:
+            return name
+    return None
+
+
 def constraint_automaton(config, tokenizer, vocab_size: int) -> Optional[TokenAutomaton]:
     """The automaton of `config.regex` or `config.json_schema` (None when neither is set). ValueError without a
     tokenizer, for a bad pattern or schema, or an unsupported schema feature."""
     from tfgen.structured.json_schema import schema_regex
 
-    regex, schema = getattr(config, "regex", None), getattr(config, "json_schema", None)
-    if regex is None and schema is None:
+    name = structured_option(config)
+    if name is None:
         return None
-    name = "regex" if regex is not None else "json_schema"
     if tokenizer is None:
         raise ValueError(f"{name}: constraining the output needs the model's tokenizer; pass tokenizer=.")
-    pattern = regex if regex is not None else schema_regex(schema)
+    pattern = config.regex if name == "regex" else schema_regex(config.json_schema)
     return build_automaton(tokenizer, vocab_size, pattern)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfgen.structured.automaton import DEAD_STATE, START_STATE
+from tfgen.warpers import id_mask
 
 _NEG_INF = float("-inf")
 
@@ -28,7 +29,7 @@ def mask_scores(knobs: dict, states: tf.Tensor, scores: tf.Tensor, eos_token_ids
     vocab_size = scores.shape[-1]
     targets = tf.gather(knobs["grammar_next"], states)  # [R, C]
     allowed = tf.gather(targets, knobs["grammar_token_class"][:vocab_size], axis=1) != DEAD_STATE  # [R, V]
-    eos = tf.reduce_any(tf.range(vocab_size)[:, None] == eos_token_ids[None, :], axis=1)[None, :]
+    eos = id_mask(eos_token_ids, vocab_size)[None, :]
     accepting = tf.gather(knobs["grammar_accepting"], states)[:, None]
     allowed = tf.where(eos, accepting, allowed)
     masked = tf.where(allowed, scores, _NEG_INF)

@@ -4,9 +4,9 @@ regex cannot enforce.
 outlines-core turns objects (properties in the schema's order, `required`), strings (`minLength`, `maxLength`,
 `pattern`, `format`), integers, numbers, booleans, null, `enum`, `const`, arrays (`items`, `minItems`,
 `maxItems`), `anyOf` / `oneOf` / `allOf` and `$ref` into one regex; whitespace between tokens is at most one
-space. Properties come in the schema's order. Some keywords it reads but does not enforce (`minimum` on an integer, say): rather than let a schema promise
-what the output does not keep, each keyword is checked by building the regex without it — a keyword whose removal
-changes nothing is reported in a warning.
+space. Properties come in the schema's order. Some keywords it reads but does not enforce (`minimum` on an
+integer, say): rather than let a schema promise what the output does not keep, each keyword is checked by building
+the regex without it — a keyword whose removal changes nothing is reported in a warning.
 """
 
 from __future__ import annotations
@@ -36,15 +36,21 @@ def schema_regex(schema: Any) -> str:
             raise ValueError(f"json_schema: not valid JSON ({err})") from None
     if not isinstance(schema, dict):
         raise TypeError(f"json_schema must be a JSON object (a dict), got {type(schema).__name__}")
-    text = json.dumps(schema)
-    pattern = _translated(text)
-    unenforced = _unenforced_keywords(schema, pattern)
+    pattern, unenforced = _analysed(json.dumps(schema))
     if unenforced:
         warnings.warn(
             "json_schema: these keywords are not enforced on the output (outlines-core's translation ignores "
             f"them): {', '.join(unenforced)}", UserWarning, stacklevel=4,
         )
     return pattern
+
+
+@functools.lru_cache(maxsize=64)
+def _analysed(schema_text: str) -> tuple[str, tuple[str, ...]]:
+    """The regex of a schema's JSON text and its unenforced keywords (cached: a generate call with a schema runs
+    this, and the keyword check translates the schema once per keyword)."""
+    pattern = _translated(schema_text)
+    return pattern, tuple(_unenforced_keywords(json.loads(schema_text), pattern))
 
 
 @functools.lru_cache(maxsize=256)
