@@ -70,8 +70,12 @@ def test_greedy_rows_finishing_on_eos_at_different_steps(tiny_model, hf_model, b
         {"no_repeat_ngram_size": 2},
         {"repetition_penalty": 0.7, "no_repeat_ngram_size": 3},
         {"min_new_tokens": 5, "bad_words_ids": [[11], [40, 41]], "suppress_tokens": [9, 10]},
+        # A decoder-only model's "encoder input" is its prompt, left padding included (HF's rule).
+        {"encoder_repetition_penalty": 3.0},
+        {"encoder_repetition_penalty": 0.2, "repetition_penalty": 0.8},
     ],
-    ids=["repetition_penalty", "no_repeat_ngram", "penalty_and_ngram", "min_new_bad_words_suppress"],
+    ids=["repetition_penalty", "no_repeat_ngram", "penalty_and_ngram", "min_new_bad_words_suppress",
+         "encoder_repetition_penalty", "encoder_and_plain_penalty"],
 )
 def test_greedy_with_processors_matches_hf(tiny_model, hf_model, batch, mid_way_eos, options):
     ids, mask = batch
@@ -80,6 +84,9 @@ def test_greedy_with_processors_matches_hf(tiny_model, hf_model, batch, mid_way_
         ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=mid_way_eos, **options
     )
     np.testing.assert_array_equal(ours.numpy(), expected)
+    if "encoder_repetition_penalty" in options:  # the penalty changed the tokens, so the match has teeth
+        others = {name: value for name, value in options.items() if name != "encoder_repetition_penalty"}
+        assert (hf_generate(hf_model, ids, mask, do_sample=False, eos_token_id=mid_way_eos, **others) != expected).any()
 
 
 def test_several_eos_ids_match_hf(tiny_model, hf_model, batch, mid_way_eos):

@@ -39,6 +39,8 @@ HONOURED = {
     "eta_cutoff": (0.01, SAMPLE),
     "diversity_penalty": (0.7, {"num_beams": 2, "num_beam_groups": 2}),
     "repetition_penalty": (1.3, {}),
+    # On a decoder-only model HF (and tfgen) applies it to the prompt's tokens; encoder-decoder: tests/test_t5_*.
+    "encoder_repetition_penalty": (1.2, {}),
     "length_penalty": (0.5, BEAMS),
     "no_repeat_ngram_size": (2, {}),
     "bad_words_ids": ([[5]], {}),
@@ -72,13 +74,13 @@ REFUSED = {
     "cache_config": ({"max_batch_size": 2}, {}),
     "return_legacy_cache": (True, {}),
     "prefill_chunk_size": (16, {}),
-    "encoder_repetition_penalty": (1.2, {}),
     "token_healing": (True, {}),
     "guidance_scale": (1.5, {}),
     "low_memory": (True, {}),
     "watermarking_config": ({"bias": 2.0}, {}),
     "output_attentions": (True, AS_DICT),
     "output_hidden_states": (True, AS_DICT),
+    # Decoder-only models have no encoder input nor decoder start (the table runs a decoder-only model).
     "encoder_no_repeat_ngram_size": (2, {}),
     "decoder_start_token_id": (1, {}),
     "is_assistant": (True, {}),

@@ -105,6 +105,9 @@ _DECLARED = [
          config_kind=float),
     Knob("repetition_penalty", np.float32, neutral=1.0, valid=_POSITIVE, requirement=_POSITIVE_FLOAT32,
          config_kind=float),
+    # float64 because HF multiplies by `1 / penalty` formed in double precision.
+    Knob("encoder_repetition_penalty", np.float64, neutral=1.0, valid=_POSITIVE, requirement="> 0 and finite",
+         config_kind=float),
     Knob("min_length", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (and < 2**31)", config_kind=int),
     Knob("min_new_tokens", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (and < 2**31)", config_kind=int),
     Knob("exponential_decay_start", np.int32, neutral=0),

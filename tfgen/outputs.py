@@ -61,6 +61,17 @@ class GenerateBeamDecoderOnlyOutput(_Output):
     structured_complete: Optional[tf.Tensor] = None
 
 
+@dataclasses.dataclass
+class GenerateEncoderDecoderOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` of an encoder-decoder model (HF's name): `sequences` are the decoder's tokens,
+    from its start token on."""
+
+
+@dataclasses.dataclass
+class GenerateBeamEncoderDecoderOutput(GenerateBeamDecoderOnlyOutput):
+    """`GenerateBeamDecoderOnlyOutput` of an encoder-decoder model (HF's name)."""
+
+
 def package_outputs(request, result: dict):
     """Cuts the bucket padding off a program's outputs (`DecodingLoop.result`'s dict) and packs them like HF:
     the `sequences` tensor `[rows, prompt_len + max_new_tokens]`, or an output object when the request asked
@@ -92,9 +103,9 @@ def package_outputs(request, result: dict):
     fields = dict(sequences=sequences, scores=per_step("scores"), logits=per_step("logits"),
                   structured_complete=None if complete is None else tf.constant(complete))
     if "sequences_scores" not in result:
-        return GenerateDecoderOnlyOutput(**fields)
+        return (GenerateEncoderDecoderOutput if request.encoder_decoder else GenerateDecoderOnlyOutput)(**fields)
     beam_indices = result.get("beam_indices")
-    return GenerateBeamDecoderOnlyOutput(
+    return (GenerateBeamEncoderDecoderOutput if request.encoder_decoder else GenerateBeamDecoderOnlyOutput)(
         **fields,
         sequences_scores=real_rows(result["sequences_scores"]),
         beam_indices=None if beam_indices is None else real_rows(beam_indices)[:, :steps],

@@ -83,6 +83,7 @@ _ALWAYS_ON_WHEN_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p
 # name: when HF builds the processor (the valid values are the knob schema's, `tfgen.knobs`).
 _FLOAT_OPTIONS: dict[str, Callable[[float], bool]] = {
     "repetition_penalty": lambda v: v != 1.0,
+    "encoder_repetition_penalty": lambda v: v != 1.0,
     "temperature": lambda v: v != 1.0,
     "top_p": lambda v: v < 1.0,
     "min_p": lambda v: True,
@@ -105,7 +106,7 @@ def _active_options(config, vocab_size: int) -> dict[str, Any]:
         active[name] = None if value is None or not builds(value) else float(value)
         if active[name] is not None and (do_sample or name not in _WARPERS) and not KNOBS[name].is_valid(value):
             raise ValueError(f"{name} must be {KNOBS[name].requirement}, got {value!r}")
-    for name in ("no_repeat_ngram_size", "min_length", "min_new_tokens", "top_k"):
+    for name in ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens", "top_k"):
         value = _option(config, name)
         builds = value is not None and (value != 0 if name == "top_k" else value > 0)
         if name in ("min_length", "min_new_tokens"):
@@ -176,6 +177,7 @@ def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -
     return ProcessorSpec(
         sequence_bias=tuple(active["sequence_bias"] or ()),
         no_repeat_ngram_size=active["no_repeat_ngram_size"] or 0,
+        encoder_no_repeat_ngram_size=active["encoder_no_repeat_ngram_size"] or 0,
         bad_words_ids=active["bad_words_ids"] or (),
         top_k_cap=top_k_cap,
         min_tokens_to_keep=min_tokens_to_keep,
@@ -183,7 +185,7 @@ def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -
         **{
             name: is_on(name)
             for name in (
-                "repetition_penalty", "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
+                "repetition_penalty", "encoder_repetition_penalty", "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
                 "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
                 "begin_suppress_tokens", "renormalize_logits", *_WARPERS,
             )
@@ -214,6 +216,8 @@ def processor_knobs_from_config(config, batch_size: int, vocab_size: int) -> dic
     bias = active["sequence_bias"] or {}
     knobs = {name: rows(name, active[name]) for name in (*_WARPERS, "repetition_penalty", "min_length",
                                                         "min_new_tokens")}
+    if active["encoder_repetition_penalty"] is not None:
+        knobs["encoder_repetition_penalty"] = rows("encoder_repetition_penalty", active["encoder_repetition_penalty"])
     forced_bos = active["forced_bos_token_id"]
     return {
         **knobs,

@@ -36,6 +36,8 @@ class ProcessorContext(NamedTuple):
     prompt_len: int32 scalar, HF's `input_ids_seq_length` (the caller's padded prompt length).
     max_length: int32 [B], per-row HF `max_length` (prompt_len + that row's max_new_tokens).
     grammar_state: int32 [B], each row's structured-output automaton state, or `()` (no automaton).
+    encoder_ids: int32 [B, S], an encoder-decoder model's encoder input ids as HF's `encoder_input_ids` (the caller's
+        columns, their padding included; bucket columns hold -1, which matches no token), or `()`.
     """
 
     sequences: tf.Tensor
@@ -44,6 +46,7 @@ class ProcessorContext(NamedTuple):
     prompt_len: tf.Tensor
     max_length: tf.Tensor
     grammar_state: object = ()
+    encoder_ids: object = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class ProcessorSpec:
     renormalize_logits: bool = False
     #: Structured output: mask to the tokens a regex / JSON-schema automaton allows (its tables are knobs).
     grammar: bool = False
+    #: Encoder-decoder models: HF's EncoderRepetitionPenalty (its value is a knob) and EncoderNoRepeatNGram.
+    encoder_repetition_penalty: bool = False
+    encoder_no_repeat_ngram_size: int = 0
 
 
 class LogitsProcessor:
@@ -165,6 +171,20 @@ def _repeated_ngram_bans(ctx: ProcessorContext, ngram_size: int, vocab_size: int
     return _token_counts(windows[:, :, -1], repeats, vocab_size) > 0
 
 
+def _encoder_ngram_bans(ctx: ProcessorContext, ngram_size: int, vocab_size: int) -> tf.Tensor:
+    """bool [B, V]: HF's EncoderNoRepeatNGram bans — the last token of every n-gram of the row's encoder input whose
+    first n-1 tokens equal the last n-1 visible decoder tokens (none while fewer than n-1 are visible)."""
+    encoder_ids = ctx.encoder_ids
+    window_starts = tf.range(tf.maximum(tf.shape(encoder_ids)[1] - ngram_size + 1, 0))
+    windows = tf.gather(encoder_ids, window_starts[:, None] + tf.range(ngram_size)[None, :], axis=1)  # [B, W, n]
+    cur_len = _current_length(ctx)
+    end = ctx.start + cur_len
+    last_tokens = _buffer_columns(ctx, end - (ngram_size - 1) + tf.range(ngram_size - 1))  # [B, n-1]
+    # Bucket columns hold -1, so a window reaching into them never matches decoder tokens.
+    repeats = tf.reduce_all(windows[:, :, :-1] == last_tokens[:, None, :], axis=-1) & (cur_len >= ngram_size - 1)
+    return _token_counts(windows[:, :, -1], repeats & (windows[:, :, -1] >= 0), vocab_size) > 0
+
+
 def check_user_processors(user_processors) -> tuple:
     """`user_processors` as a tuple; TypeError unless each entry is a callable instance."""
     return check_callables(
@@ -233,6 +253,11 @@ def apply_processors(
     if spec.sequence_bias:
         biases = read_knob(knobs, "sequence_bias", tf.float32)
         scores = scores + _sequence_bias(ctx, spec.sequence_bias, biases, vocab_size)
+    if spec.encoder_repetition_penalty:
+        # HF divides by the inverse penalty: a token of the encoder input becomes more likely (penalty > 1).
+        inverse = tf.cast(1.0 / per_row_knob(knobs, "encoder_repetition_penalty", tf.float64), tf.float32)
+        present = _token_counts(ctx.encoder_ids, ctx.encoder_ids >= 0, vocab_size) > 0
+        scores = tf.where(present, tf.where(scores < 0, scores * inverse, scores / inverse), scores)
     if spec.repetition_penalty:
         penalty = per_row_knob(knobs, "repetition_penalty")
 
@@ -244,6 +269,8 @@ def apply_processors(
         scores = tf.cond(tf.reduce_any(penalty != 1.0), lambda: penalised(scores), lambda: scores)
     if spec.no_repeat_ngram_size:
         scores = drop_tokens(scores, _repeated_ngram_bans(ctx, spec.no_repeat_ngram_size, vocab_size))
+    if spec.encoder_no_repeat_ngram_size:
+        scores = drop_tokens(scores, _encoder_ngram_bans(ctx, spec.encoder_no_repeat_ngram_size, vocab_size))
     if spec.bad_words_ids:
         always_banned = tf.fill([tf.shape(scores)[0], len(spec.bad_words_ids)], _NEG_INF)
         scores = scores + _sequence_bias(ctx, spec.bad_words_ids, always_banned, vocab_size)

@@ -23,6 +23,12 @@ from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import strategy_for
+from tfgen.encoder_request import (
+    encoder_decoder_prompt,
+    is_encoder_decoder,
+    padded_encoder_inputs,
+    refuse_decoder_inputs,
+)
 from tfgen.knobs import KNOBS
 from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
 from tfgen.processors import check_user_processors
@@ -38,8 +44,10 @@ _BEAM_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, Generatio
 # The strategies whose rows carry a structured-output automaton state.
 _GRAMMAR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH,
                   GenerationMode.BEAM_SAMPLE, GenerationMode.CONTRASTIVE_SEARCH)
+# What encoder-decoder models do not run (yet): drafting needs a decoder-only assistant, constraints HF's scorer.
+_NO_ENCODER_MODES = (GenerationMode.ASSISTED_GENERATION, GenerationMode.CONSTRAINED_BEAM_SEARCH)
 # generate() keywords that are not GenerationConfig attributes.
-MODEL_INPUT_KWARGS = ("input_ids", "attention_mask")
+MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +105,8 @@ class Request:
     max_time: Optional[float] = None
     #: The `regex` / `json_schema` automaton (`tfgen.structured.automaton.TokenAutomaton`), or None.
     automaton: Any = None
+    #: Whether the model is an encoder-decoder (its outputs are HF's `Generate*EncoderDecoderOutput`).
+    encoder_decoder: bool = False
 
     def with_budgets(self, budgets) -> "Request":
         """The same request with per-row budgets `budgets` int `[batch_size]` (each at most `max_new_tokens`);
@@ -200,13 +210,19 @@ def decode_spec(
     tokenizer=None,
     stopping_criteria: Sequence = (),
     assistant_model=None,
+    encoder_decoder: bool = False,
+    encoder_width: Optional[int] = None,
 ) -> DecodeSpec:
     """The program key of `config`'s decoding in `mode` (`config.get_generation_mode()`, computed once by the
     caller: it may warn). `processor_overrides`: `ProcessorSpec` fields forced (an export
     forces the processors whose knobs it takes per request); batch and prompt width None: any (exports).
     `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop;
-    `assistant_model` drafts for assisted generation (checked by the caller, `check_assisted`)."""
-    refuse_unsupported(config)
+    `assistant_model` drafts for assisted generation (checked by the caller, `check_assisted`). `encoder_decoder`:
+    the model has an encoder, whose input is `encoder_width` columns wide (None: any)."""
+    refuse_unsupported(config, encoder_decoder=encoder_decoder)
+    if encoder_decoder and mode in _NO_ENCODER_MODES:
+        raise ValueError(f"{mode.value}: tfgen does not run it for encoder-decoder models yet (greedy search, "
+                         "sampling, beam search, beam sampling, group beam search and contrastive search it does).")
     stop_strings = _stop_string_tables(config, tokenizer, vocab_size)
     stopping_criteria = check_user_criteria(stopping_criteria)
     processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
@@ -248,6 +264,8 @@ def decode_spec(
         stopping_criteria_ids=tuple(id(criterion) for criterion in stopping_criteria),
         assistant=assistant_model if mode == GenerationMode.ASSISTED_GENERATION else None,
         assistant_id=id(assistant_model) if mode == GenerationMode.ASSISTED_GENERATION else None,
+        encoder_decoder=encoder_decoder,
+        encoder_width=encoder_width,
     )
 
 
@@ -285,6 +303,10 @@ def prepare_request(
     vocab_size = int(model_config.vocab_size)
     input_ids = pop_input_ids(inputs, options)
     attention_mask = options.pop("attention_mask", None)
+    decoder_options = {name: options.pop(name) for name in ("decoder_input_ids", "decoder_attention_mask")
+                       if name in options}
+    if not is_encoder_decoder(model):
+        refuse_decoder_inputs(decoder_options)
     assistant_model = options.pop("assistant_model", None)
     user_criteria, criteria_options, tokenizer = split_stopping_criteria(
         stopping_criteria, base_config(model, generation_config), options, tokenizer
@@ -297,9 +319,22 @@ def prepare_request(
     strategy = strategy_for(mode)
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
+    # What fills a row after it finished. HF's beam search fills with `pad_token_id or eos_token_id[0]`: a pad id of 0
+    # (T5's) gives the eos id.
+    fill_token_id = pad_token_id
+    if mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE) and pad_token_id == 0 and eos_ids:
+        fill_token_id = eos_ids[0]
 
-    input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
-                                             stacklevel=stacklevel + 1)
+    encoder_decoder = is_encoder_decoder(model)
+    encoder_ids = encoder_mask = None
+    if encoder_decoder:
+        prompt = encoder_decoder_prompt(input_ids, attention_mask, decoder_options, config, vocab_size, pad_token_id,
+                                        eos_ids)
+        encoder_ids, encoder_mask = prompt.input_ids, prompt.attention_mask
+        input_ids, attention_mask = prompt.decoder_input_ids, prompt.decoder_attention_mask
+    else:
+        input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
+                                                 stacklevel=stacklevel + 1)
     batch_size, prompt_len = input_ids.shape
     max_new_tokens = resolve_lengths(config, prompt_len, model_config, explicit_max_length)
     longest_row = int(attention_mask.sum(axis=1).max())
@@ -320,11 +355,15 @@ def prepare_request(
     num_return = int(config.num_return_sequences or 1)
     buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
     expanded_batch = batch_size * num_return if strategy.host_expands_return_sequences else batch_size
+    encoder_width = None if encoder_ids is None else buckets.prompt_length(encoder_ids.shape[1])
     check_request_fits(model, config, mode, buckets.batch(expanded_batch),
-                       buckets.prompt_length(prompt_len) + buckets.new_tokens(max_new_tokens))
+                       buckets.prompt_length(prompt_len) + buckets.new_tokens(max_new_tokens), encoder_width)
     if num_return > 1 and strategy.host_expands_return_sequences:
         input_ids = np.repeat(input_ids, num_return, axis=0)
         attention_mask = np.repeat(attention_mask, num_return, axis=0)
+        if encoder_decoder:
+            encoder_ids = np.repeat(encoder_ids, num_return, axis=0)
+            encoder_mask = np.repeat(encoder_mask, num_return, axis=0)
         copies = np.tile(np.arange(num_return), batch_size)
         row_seeds = derive_seeds(np.repeat(row_seeds, num_return, axis=0), copies).numpy()
         batch_size *= num_return
@@ -348,6 +387,7 @@ def prepare_request(
         config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
         batch_size=padded_batch, prompt_width=padded_len, user_processors=logits_processor or (),
         tokenizer=tokenizer, stopping_criteria=user_criteria, assistant_model=assistant_model,
+        encoder_decoder=encoder_decoder, encoder_width=encoder_width,
     )
     decode_inputs = DecodeInputs(
         input_ids=tf.constant(ids),
@@ -356,8 +396,10 @@ def prepare_request(
         prompt_len=tf.constant(prompt_len, tf.int32),
         max_new_tokens=tf.constant(budgets),
         row_seeds=tf.constant(seeds),
-        pad_token_id=tf.constant(pad_token_id, tf.int32),
+        pad_token_id=tf.constant(fill_token_id, tf.int32),
         knobs={name: tf.constant(value) for name, value in knobs.items()},
+        encoder=() if encoder_ids is None else padded_encoder_inputs(encoder_ids, encoder_mask, padded_batch, encoder_width,
+                                                               pad_token_id),
     )
     return Request(
         spec=spec,
@@ -369,4 +411,6 @@ def prepare_request(
         return_dict=bool(config.return_dict_in_generate),
         max_time=config.max_time,
         automaton=automaton,
+        encoder_decoder=encoder_decoder,
     )
+

@@ -48,11 +48,6 @@ REFUSED: dict[str, Refusal] = {
     "token_healing": Refusal(_true, "token healing is not supported"),
     "guidance_scale": Refusal(_differs(1), "classifier-free guidance is not supported"),
     "watermarking_config": Refusal(_not_none, "watermarking is not supported"),
-    "encoder_repetition_penalty": Refusal(_differs(1.0), "it applies to encoder-decoder models, which tfgen does not run yet"),
-    "encoder_no_repeat_ngram_size": Refusal(
-        lambda value: value is not None and value > 0, "it applies to encoder-decoder models, which tfgen does not run yet"
-    ),
-    "decoder_start_token_id": Refusal(_not_none, "it applies to encoder-decoder models, which tfgen does not run yet"),
     "is_assistant": Refusal(_true, "it marks a config as an assistant's own; pass the model as assistant_model="),
     "num_assistant_tokens_schedule": Refusal(_differs("constant"), _FIXED_DRAFTS),
     "assistant_confidence_threshold": Refusal(_differs(0.4), _FIXED_DRAFTS),
@@ -63,9 +58,22 @@ REFUSED: dict[str, Refusal] = {
 }
 
 
-def refuse_unsupported(config) -> None:
-    """Raises ValueError naming the first option of `config` that asks for something tfgen does not do."""
-    for name, refusal in REFUSED.items():
+#: Options only an encoder-decoder model acts on (a decoder-only model has no encoder input, nor a decoder start).
+ENCODER_DECODER_ONLY: dict[str, Refusal] = {
+    "encoder_no_repeat_ngram_size": Refusal(
+        lambda value: value is not None and value > 0,
+        "it bans n-grams of an encoder-decoder model's encoder input, and this model is decoder-only",
+    ),
+    "decoder_start_token_id": Refusal(_not_none, "it starts an encoder-decoder model's decoder, and this model is "
+                                                 "decoder-only"),
+}
+
+
+def refuse_unsupported(config, *, encoder_decoder: bool = False) -> None:
+    """Raises ValueError naming the first option of `config` that asks for something tfgen does not do (for a
+    decoder-only model unless `encoder_decoder`, the options only encoder-decoder models act on, too)."""
+    refused = REFUSED if encoder_decoder else {**REFUSED, **ENCODER_DECODER_ONLY}
+    for name, refusal in refused.items():
         value = getattr(config, name, None)
         if refusal.is_set(value):
             raise ValueError(f"{name}={value!r} is not supported: {refusal.why}.")

@@ -72,7 +72,7 @@ def run(args) -> int:
     from tfgen.batch import JobInterrupted, make_strategy, run_batch_job
     from tfgen.batch.joblock import OutputLock
     from tfgen.model_pull import resolve_model_argument
-    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.models.auto import load_generation_model
     from tfgen.tokenizer import Tokenizer
 
     model_path = resolve_model_argument(args.model, progress=not args.no_progress)
@@ -87,7 +87,7 @@ def run(args) -> int:
         logger.warning("no tokenizer (%s); rows need input_ids and 'text' will be null", error)
         tokenizer = None
     with strategy.scope():
-        model = AutoModelForCausalLM.from_pretrained(model_path)
+        model = load_generation_model(model_path)
     options = {
         "max_new_tokens": args.max_new_tokens,
         "do_sample": args.do_sample,

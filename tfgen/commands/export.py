@@ -136,14 +136,14 @@ def export_model(
     from tfgen.export import SIGNATURES, export_saved_model
     from tfgen.gguf import is_gguf_path
     from tfgen.model_pull import resolve_model_argument
-    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.models.auto import load_generation_model
     from tfgen.models.loading import resolve_model_directory
     from tfgen.tokenizer import Tokenizer
 
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.
     source = model_path if is_gguf_path(model_path) else resolve_model_directory(model_path)
-    model = AutoModelForCausalLM.from_pretrained(source)
+    model = load_generation_model(source)
     has_tokenizer = is_gguf_path(model_path) or (source / "tokenizer.json").is_file()
     tokenizer = None
     constrained = options.get("regex") is not None or options.get("json_schema") is not None

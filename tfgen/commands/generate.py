@@ -57,7 +57,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from tfgen.config import SAMPLING_ONLY_NEUTRAL
     from tfgen.model_pull import resolve_model_argument
-    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.models.auto import load_generation_model
     from tfgen.streaming import TextStreamer
     from tfgen.tokenizer import Tokenizer
 
@@ -71,7 +71,7 @@ def run(args) -> int:
     # ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and refuses it, naming
     # bos_token_id, when the model has none).
     encoded = _chat_prompt(tokenizer, args, model_path) if args.chat else tokenizer(args.prompt, return_tensors="np")
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model = load_generation_model(model_path)
     options = {
         "max_new_tokens": args.max_new_tokens,
         "do_sample": args.do_sample,

@@ -26,6 +26,7 @@ from tfgen.decoding.common import (
     prefill,
     processor_context,
     record_step,
+    reorder_cache,
     score_buffer,
     size_of,
     write_at,
@@ -188,7 +189,7 @@ class BeamLoopBase(DecodingLoop):
 
     def step(self, inputs: DecodeInputs, state: BeamState) -> BeamState:
         """Reorders the cache to the running beams, runs their last tokens through the model, chooses."""
-        decode = state.decode._replace(cache=gather_rows(state.decode.cache, state.cache_rows))
+        decode = state.decode._replace(cache=reorder_cache(state.decode.cache, state.cache_rows))
         decode = forward_last_tokens(self.step_model, decode, tf.shape(inputs.input_ids)[1])
         return self._choose(inputs, BeamState(decode, tf.range(size_of(state.cache_rows, 0)), state.search))
 

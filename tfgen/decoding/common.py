@@ -14,6 +14,19 @@ from tfgen.stopping import stopped_rows
 from tfgen.structured import graph as grammar
 
 
+class EncoderInputs(NamedTuple):
+    """The encoder side of an encoder-decoder request (`DecodeInputs.encoder`).
+
+    input_ids, attention_mask: int32 `[B, S]`; the columns before `start` are bucket padding (masked), the caller's
+        own padding (left or right) is masked by the caller's mask.
+    start: int32 scalar, the column where the caller's encoder input begins.
+    """
+
+    input_ids: tf.Tensor
+    attention_mask: tf.Tensor
+    start: tf.Tensor
+
+
 class DecodeInputs(NamedTuple):
     """The run-time tensors of one compiled generate call (all have a static shape inside the program).
 
@@ -25,6 +38,7 @@ class DecodeInputs(NamedTuple):
     pad_token_id: int32 scalar.
     knobs: dict of run-time knob tensors (see `tfgen.knobs`), per row where the schema says so; among them the
     eos ids (`eos_token_ids`, the one copy of them).
+    encoder: the `EncoderInputs` of an encoder-decoder model (`input_ids` above is then the decoder prompt), or `()`.
     """
 
     input_ids: tf.Tensor
@@ -35,6 +49,7 @@ class DecodeInputs(NamedTuple):
     row_seeds: tf.Tensor
     pad_token_id: tf.Tensor
     knobs: dict
+    encoder: Any = ()
 
     @property
     def eos_token_ids(self) -> tf.Tensor:
@@ -120,7 +135,7 @@ def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_score
     )
     # Positions count real tokens only, so left padding (the caller's and the bucket's) is exact.
     position_ids = tf.maximum(tf.cumsum(inputs.attention_mask, axis=1) - 1, 0)
-    cache = model.init_cache(batch_size, total)
+    cache = start_cache(model, inputs, batch_size, total)
     out = model.call_with_cache(
         inputs.input_ids, cache, tf.constant(0, tf.int32), buffer_mask, position_ids, last_logits_only=True
     )
@@ -142,9 +157,29 @@ def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_score
     return Prefill(state, out.hidden_states)
 
 
+def start_cache(model, inputs: DecodeInputs, batch_size, total):
+    """The model's empty cache of `total` slots for `batch_size` rows; for an encoder-decoder model the encoder runs
+    here, once, and its cross-attention keys and values are projected into the cache (`init_cache`'s keywords)."""
+    if not inputs.encoder:
+        return model.init_cache(batch_size, total)
+    encoder = inputs.encoder
+    hidden = model.encode(encoder.input_ids, encoder.attention_mask)
+    return model.init_cache(batch_size, total, encoder_hidden_states=hidden,
+                            encoder_attention_mask=encoder.attention_mask)
+
+
 def gather_rows(nest, rows: tf.Tensor):
     """Every tensor of `nest` (leading axis = rows) gathered at `rows` int32 `[R]`."""
     return tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows), nest)
+
+
+def reorder_cache(cache, rows: tf.Tensor):
+    """`cache` with its rows taken from `rows` int32 `[R]`, each from a row of the same prompt (beams, candidates).
+    An encoder-decoder cache's `"encoder"` entry (cross-attention keys and values) is the same in every row of a
+    prompt, so it is left as it is: a step's reorder never copies anything that grows with the encoder input."""
+    if isinstance(cache, dict) and "encoder" in cache:
+        return {**gather_rows({k: v for k, v in cache.items() if k != "encoder"}, rows), "encoder": cache["encoder"]}
+    return gather_rows(cache, rows)
 
 
 def write_at(buffer: tf.Tensor, values: tf.Tensor, index, axis: int = -1) -> tf.Tensor:
@@ -168,6 +203,10 @@ def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: 
     """Where HF's `input_ids` sits in `sequences` (`copies` consecutive rows per prompt) at `step`, and the rows'
     automaton states (`DecodeState.grammar_state`)."""
     max_length = inputs.prompt_len + inputs.max_new_tokens
+    encoder_ids = ()
+    if "encoder_repetition_penalty" in inputs.knobs or inputs.encoder:
+        encoder_ids = encoder_input_ids(inputs)
+        encoder_ids = encoder_ids if copies == 1 else tf.repeat(encoder_ids, copies, axis=0)
     return ProcessorContext(
         sequences=sequences,
         start=inputs.start,
@@ -175,7 +214,15 @@ def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: 
         prompt_len=inputs.prompt_len,
         max_length=max_length if copies == 1 else tf.repeat(max_length, copies),
         grammar_state=grammar_state,
+        encoder_ids=encoder_ids,
     )
+
+
+def encoder_input_ids(inputs: DecodeInputs) -> tf.Tensor:
+    """int32 `[B, S]`: HF's `encoder_input_ids` — the encoder input of an encoder-decoder model, else the prompt (HF
+    applies `encoder_repetition_penalty` to a decoder-only model's prompt) — with -1 in the bucket columns."""
+    ids, start = (inputs.encoder.input_ids, inputs.encoder.start) if inputs.encoder else (inputs.input_ids, inputs.start)
+    return tf.where(tf.range(tf.shape(ids)[1])[None, :] >= start, ids, -1)
 
 
 def forward_last_tokens(model, state: DecodeState, prompt_width) -> DecodeState:

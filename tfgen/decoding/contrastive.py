@@ -20,6 +20,7 @@ from tfgen.decoding.common import (
     gather_rows,
     prefill,
     processor_context,
+    reorder_cache,
     size_of,
     softmax_limit,
     write_at,
@@ -136,7 +137,7 @@ class ContrastiveSearchLoop(DecodingLoop):
         decode = commit_tokens(decode, inputs, tf.gather(top_ids, selected, batch_dims=1), processed, spec)
         return ContrastiveState(
             decode=decode._replace(
-                cache=gather_rows(out.cache, tf.repeat(chosen_rows, top_k)),
+                cache=reorder_cache(out.cache, tf.repeat(chosen_rows, top_k)),
                 logits=self._chosen_logits(model, out, chosen_rows),
                 next_position=decode.next_position + 1,
             ),

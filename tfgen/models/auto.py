@@ -1,4 +1,5 @@
-"""`AutoModelForCausalLM`: builds the tfgen model matching an HF-style checkpoint or config."""
+"""`AutoModelForCausalLM` and `AutoModelForSeq2SeqLM`: build the tfgen model matching an HF-style checkpoint or
+config."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tfgen.keras_hub.presets import is_keras_hub_preset
 from tfgen.models.gpt2 import GPT2LMHeadModel
 from tfgen.models.llama import LlamaForCausalLM
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
+from tfgen.models.t5 import T5ForConditionalGeneration
 
 # config.json `model_type` -> model class (each with a `config_class` offering `from_dict`).
 MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {
@@ -27,12 +29,22 @@ MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {
 }
 
 
-def _model_class(model_type: Any) -> type:
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(model_type) if isinstance(model_type, str) else None
+# config.json `model_type` -> encoder-decoder model class.
+MODEL_FOR_SEQ2SEQ_LM_MAPPING: dict[str, type] = {"t5": T5ForConditionalGeneration}
+
+# Each mapping with the Auto class that loads it, to point a caller at the other one.
+_AUTO_CLASSES = (("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING),
+                 ("AutoModelForSeq2SeqLM", MODEL_FOR_SEQ2SEQ_LM_MAPPING))
+
+
+def _model_class(model_type: Any, mapping: Mapping[str, type] = MODEL_FOR_CAUSAL_LM_MAPPING) -> type:
+    model_class = mapping.get(model_type) if isinstance(model_type, str) else None
     if model_class is None:
-        raise ValueError(
-            f"model_type {model_type!r} is not supported; supported: {sorted(MODEL_FOR_CAUSAL_LM_MAPPING)}"
-        )
+        for auto_name, other in _AUTO_CLASSES:
+            if other is not mapping and isinstance(model_type, str) and model_type in other:
+                raise ValueError(f"model_type {model_type!r} is a {other[model_type].__name__}: load it with "
+                                 f"tfgen.{auto_name} (supported here: {sorted(mapping)})")
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(mapping)}")
     return model_class
 
 
@@ -59,14 +71,20 @@ def _naming_the_file(path: Path | None):
         raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{str(path)!r}: {error}") from None
 
 
-def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: Path | None, read_weights):
-    """The model of `config_dict` (read from `config_path`, named in its errors) with the weights `read_weights()`
-    returns and the generation config of `directory` (None: the one derived from the config)."""
+def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: Path | None, read_weights,
+                      mapping: Mapping[str, type] = MODEL_FOR_CAUSAL_LM_MAPPING):
+    """The model of `config_dict` (read from `config_path`, named in its errors; its class from `mapping`) with the
+    weights `read_weights()` returns and the generation config of `directory` (None: the one derived from the
+    config)."""
     with _naming_the_file(config_path):
-        model_class = _model_class(config_dict.get("model_type"))
+        model_class = _model_class(config_dict.get("model_type"), mapping)
         config = model_class.config_class.from_dict(config_dict)
         # Before a layer is built or a weight read: a model too large for this host is refused at once.
         config.check_fits_in_memory(policy)
+    if getattr(model_class, "is_encoder_decoder", False):
+        # HF derives it from the config object, whose defaults fill absent keys (T5's pad and eos ids); the decoder's
+        # start id, too, must be there for generate to begin.
+        config_dict = {**config_dict, **config.to_dict()}
     generation_config = _default_generation_config(directory, config_dict, config_path)
     model = model_class(config, dtype=dtype)
     model.load_hf_state_dict(read_weights())
@@ -133,8 +151,71 @@ class AutoModelForCausalLM:
                 None,
             )
             if model_class is None:
+                if any(isinstance(config, model.config_class) for model in MODEL_FOR_SEQ2SEQ_LM_MAPPING.values()):
+                    _model_class(config.model_type)  # raises, naming AutoModelForSeq2SeqLM
                 raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
             config_dict = config.to_dict()
         model = model_class(config, dtype=dtype)
         model.generation_config = _default_generation_config(None, config_dict)
         return model
+
+
+class AutoModelForSeq2SeqLM:
+    """Dispatches on `model_type` through `MODEL_FOR_SEQ2SEQ_LM_MAPPING` (encoder-decoder models: `t5`); use the class
+    methods."""
+
+    def __init__(self):
+        raise TypeError("AutoModelForSeq2SeqLM is not instantiable; use from_pretrained() or from_config()")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        *,
+        dtype=None,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
+    ):
+        """Loads an encoder-decoder model from a local directory or Hub id holding `config.json` and safetensors
+        weights, in `dtype` (a Keras dtype or policy name; default the Keras float type), with `generation_config`
+        set (the checkpoint's `generation_config.json`, else derived from the config). Errors as
+        `AutoModelForCausalLM.from_pretrained`'s; a decoder-only checkpoint is a ValueError naming that class."""
+        policy = None if dtype is None else keras.dtype_policies.get(dtype)
+        if is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id):
+            raise ValueError(f"{str(path_or_repo_id)!r} is a GGUF file or keras-hub preset, which hold decoder-only "
+                             "models: load it with tfgen.AutoModelForCausalLM")
+        directory = resolve_model_directory(
+            path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
+        )
+        config_dict = read_config_dict(directory)
+        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
+                                 lambda: read_safetensors_weights(directory), MODEL_FOR_SEQ2SEQ_LM_MAPPING)
+
+    @classmethod
+    def from_config(cls, config, *, dtype=None):
+        """A randomly initialised model from an HF config dict (dispatching on its `model_type`) or a config object
+        of a registered encoder-decoder model (`T5Config`)."""
+        if isinstance(config, Mapping):
+            model_class = _model_class(config.get("model_type"), MODEL_FOR_SEQ2SEQ_LM_MAPPING)
+            config = model_class.config_class.from_dict(config)
+        else:
+            model_class = next((model for model in MODEL_FOR_SEQ2SEQ_LM_MAPPING.values()
+                                if isinstance(config, model.config_class)), None)
+            if model_class is None:
+                raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
+        model = model_class(config, dtype=dtype)
+        model.generation_config = _default_generation_config(None, config.to_dict())
+        return model
+
+
+def load_generation_model(path_or_repo_id: str | os.PathLike, **options):
+    """The model at `path_or_repo_id` (a directory, Hub id, GGUF file or keras-hub preset) through
+    `AutoModelForSeq2SeqLM` when its `config.json` names an encoder-decoder `model_type`, else through
+    `AutoModelForCausalLM` (what the command line loads `--model` with); `options` go to `from_pretrained`."""
+    if not (is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id)):
+        config_file = Path(path_or_repo_id) / "config.json"
+        if config_file.is_file() and read_config_dict(config_file.parent).get("model_type") in MODEL_FOR_SEQ2SEQ_LM_MAPPING:
+            return AutoModelForSeq2SeqLM.from_pretrained(path_or_repo_id, **options)
+    return AutoModelForCausalLM.from_pretrained(path_or_repo_id, **options)

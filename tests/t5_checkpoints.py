@@ -1,0 +1,88 @@
+"""Tiny random HF PyTorch T5 checkpoints, built here (nothing is downloaded) for tests/test_t5_model.py: the original T5
+(ReLU feed-forward, LM head tied to the shared embedding) and T5 v1.1 / FLAN-T5 (gated-GELU, untied LM head)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+COMMON = dict(
+    vocab_size=99,
+    d_model=32,
+    d_kv=8,
+    d_ff=37,
+    num_layers=2,
+    num_decoder_layers=3,  # unlike the encoder's, so that mixing the stacks up fails
+    num_heads=4,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=20,
+    pad_token_id=0,
+    eos_token_id=1,
+    decoder_start_token_id=0,
+)
+VARIANTS = {
+    "t5": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+    "flan": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+}
+SEEDS = {"t5": 0, "flan": 1}
+
+
+def hf_config(variant: str, **overrides):
+    import transformers
+
+    return transformers.T5Config(**{**COMMON, **VARIANTS[variant], **overrides})
+
+
+def build_hf_model(variant: str, directory=None, seed: int | None = None, **overrides):
+    """A random HF `T5ForConditionalGeneration` of `variant` (eval mode), saved with safetensors to `directory` when
+    given. The norm weights (HF starts them at one) get noise, so that each of them matters."""
+    import torch
+    import transformers
+
+    torch.manual_seed(SEEDS[variant] if seed is None else seed)
+    model = transformers.T5ForConditionalGeneration(hf_config(variant, **overrides)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("layer_norm.weight"):
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    if directory is not None:
+        model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def build_checkpoints(tmp_path_factory) -> dict:
+    """variant -> (checkpoint directory, HF torch model, our model loaded from the checkpoint), for every variant."""
+    from tfgen.models.auto import AutoModelForSeq2SeqLM
+
+    built = {}
+    for variant in VARIANTS:
+        directory = tmp_path_factory.mktemp(f"t5_{variant}")
+        hf_model = build_hf_model(variant, directory)
+        built[variant] = (str(directory), hf_model, AutoModelForSeq2SeqLM.from_pretrained(directory))
+    return built
+
+
+def hf_forward(hf_model, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask=None):
+    """HF's plain forward: (float32 logits `[B, T_dec, V]`, encoder last hidden state `[B, S, D]`) as numpy."""
+    import torch
+
+    def tensor(value):
+        return None if value is None else torch.tensor(np.asarray(value), dtype=torch.long)
+
+    with torch.no_grad():
+        out = hf_model(input_ids=tensor(input_ids), attention_mask=tensor(attention_mask),
+                       decoder_input_ids=tensor(decoder_input_ids),
+                       decoder_attention_mask=tensor(decoder_attention_mask))
+    return out.logits.float().numpy(), out.encoder_last_hidden_state.float().numpy()
+
+
+def padded_batch(lengths, width: int, side: str, seed: int = 0, vocab_size: int = 99):
+    """(ids, mask) int32 `[len(lengths), width]`: row i has `lengths[i]` random real tokens (ids >= 2) on the left
+    (`side="right"`: padding after them) or on the right (`side="left"`), padding id 0 under mask 0."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((len(lengths), width), np.int32)
+    mask = np.zeros((len(lengths), width), np.int32)
+    for row, length in enumerate(lengths):
+        real = slice(0, length) if side == "right" else slice(width - length, width)
+        ids[row, real] = rng.integers(2, vocab_size, length)
+        mask[row, real] = 1
+    return ids, mask
