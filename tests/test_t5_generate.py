@@ -270,3 +270,20 @@ def test_cli_generate_runs_a_t5_directory_like_a_causal_one(t5, t5_dir, capsys):
     assert main(["generate", "--model", str(t5_dir), "w13 w7 w42 w9", "--max-new-tokens", "6", "--greedy"]) == 0
     expected = model.generate(np.array([[13, 7, 42, 9]]), max_new_tokens=6, do_sample=False)
     assert capsys.readouterr().out.strip() == tokenizer.decode(expected[0].numpy(), skip_special_tokens=True)
+
+
+def test_batch_job_generates_what_generate_does(t5, tmp_path):
+    """`tfgen.batch` (the engine of `tfgen batch`) sends each row's ids to the encoder and writes the decoder's new
+    tokens: the same as `generate` row by row."""
+    import json
+
+    from tfgen.batch import run_batch_job
+
+    _, model = t5
+    source, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps({"id": index, "input_ids": row}) + "\n" for index, row in enumerate(SOURCES)))
+    run_batch_job(model, str(source), str(output), max_new_tokens=6, eos_token_id=None, progress=False, batch_size=2)
+    written = [json.loads(line)["token_ids"] for line in output.read_text().splitlines()]
+    expected = [model.generate(np.array([row]), max_new_tokens=6, eos_token_id=None).numpy()[0, 1:].tolist()
+                for row in SOURCES]
+    assert written == expected
