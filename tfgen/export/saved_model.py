@@ -26,6 +26,8 @@ from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec, generate_all
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import make_loop
+from tfgen.encoder_request import is_encoder_decoder
+from tfgen.export.encoder_decoder import decoder_start_token_id, encoder_decoder_names, encoder_decoder_run
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.portable import WithoutStaticTokenCount, model_variables, xla_only_ops
 from tfgen.export.request_checks import request_checks
@@ -134,6 +136,12 @@ def export_saved_model(
         structured_inputs: `(STATES, CLASSES)` adds the `structured` signature, whose requests carry an automaton's
             tables of these sizes (`tfgen.export.structured_inputs`).
 
+    An encoder-decoder model (`is_encoder_decoder`, e.g. T5) is exported with the same table signatures, whose
+    `input_ids` / `attention_mask` are the encoder input (padded on either side); every row's decoder starts from the
+    config's `decoder_start_token_id`, and `sequences` are the decoder's tokens, `[B, 1 + max_new_tokens]`.
+    `prompt_lookup`, `generate_text` and the slot signatures are left out (recorded in `tfgen_export.json` under
+    "encoder_decoder"); naming them, or asking for slots, is a ValueError.
+
     Returns the version directory. It is written under a temporary name and renamed when complete, so TF
     Serving polling `export_dir` never loads a half-written version.
     """
@@ -144,7 +152,11 @@ def export_saved_model(
     if os.path.exists(version_dir):
         raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
     row_cache_index = bool(getattr(model, "row_cache_index", False))
+    encoder_decoder = is_encoder_decoder(model)
     names = _signature_names(signatures, tokenizer is not None, row_cache_index)
+    if encoder_decoder:
+        names, encoder_left_out = encoder_decoder_names(names, signatures is not None, slots)
+        slots = 0
     config = _export_config(model, generation_config, stop_strings)
     if regex is not None or json_schema is not None:
         config.update(regex=regex, json_schema=json_schema)
@@ -154,7 +166,8 @@ def export_saved_model(
     buffer_new_tokens = _buffer_new_tokens(model, config, max_new_tokens)
     choices = export_choices(config, num_beams, contrastive_top_k, prompt_lookup_num_tokens, max_matching_ngram_size)
     exporter = _Exporter(model, config, buffer_new_tokens, jit_compile, tokenizer, "generate_text" in names, choices,
-                         None if table_sizes is None else table_shapes(*table_sizes, int(model.config.vocab_size)))
+                         None if table_sizes is None else table_shapes(*table_sizes, int(model.config.vocab_size)),
+                         encoder_decoder=encoder_decoder)
     specs = {name: SIGNATURES[name] for name in names}
     if table_sizes is not None:
         specs[STRUCTURED_SIGNATURE] = STRUCTURED_SPEC
@@ -199,6 +212,9 @@ def export_saved_model(
         if exporter.table_shapes is not None:
             info["structured_inputs"] = {"states": table_sizes[0], "classes": table_sizes[1],
                                          "vocab_size": exporter.vocab_size}
+        if encoder_decoder:
+            info["encoder_decoder"] = {"decoder_start_token_id": exporter.decoder_start_token_id,
+                                       "left_out": encoder_left_out}
         if exporter.automaton is not None:
             info["constraint"] = constraint_info(config, exporter.automaton, left_out)
             logger.info("%s", constraint_line(info["constraint"]))
@@ -258,7 +274,8 @@ class _Exporter:
 
     def __init__(
         self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer,
-        text_signature: bool, choices: ExportChoices, table_shapes: Optional[dict] = None,
+        text_signature: bool, choices: ExportChoices, table_shapes: Optional[dict] = None, *,
+        encoder_decoder: bool = False,
     ):
         self.model = model if jit_compile else WithoutStaticTokenCount(model)
         self.config = config
@@ -268,6 +285,9 @@ class _Exporter:
         self.jit_compile = jit_compile
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.pad_token_id = pad_token_id_of(config, self.vocab_size)
+        # An encoder-decoder model's signatures take the encoder input; the decoder starts from one start token.
+        self.encoder_decoder = encoder_decoder
+        self.decoder_start_token_id = decoder_start_token_id(config, self.vocab_size) if encoder_decoder else None
         self.module = tf.Module()
         self.module.model_variables = model_variables(model)
         self.tokenizer = tokenizer
@@ -297,8 +317,11 @@ class _Exporter:
                 input_ids, attention_mask = self.text.encode(inputs["text"])
             else:
                 input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+            # An encoder input is checked like a prompt (ids, 0/1 mask, a token per row; either side padded) but
+            # not against the positions, which bound the decoder only.
             checks = request_checks(input_ids, attention_mask, inputs, spec.row_inputs, vocab_size=self.vocab_size,
-                                    max_positions=self.max_positions, buffer_new_tokens=self.buffer_new_tokens)
+                                    max_positions=None if self.encoder_decoder else self.max_positions,
+                                    buffer_new_tokens=self.buffer_new_tokens)
             if spec.table_inputs:
                 checks += table_checks(inputs, *self.table_shapes["grammar_next"])
             with tf.control_dependencies(checks):
@@ -331,7 +354,8 @@ class _Exporter:
         if mode == GenerationMode.ASSISTED_GENERATION:
             check_assisted(self.model, None, config, ())
         # One prompt row of one token is the least any call of the signature decodes: refuse an export no call fits.
-        check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens)
+        check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens,
+                           1 if self.encoder_decoder else None)
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
         knobs = knob_values(config, mode, 1, self.vocab_size, self.automaton)
         if signature.table_inputs:  # the request's tables replace any baked ones (one program per table size)
@@ -339,6 +363,7 @@ class _Exporter:
         spec = decode_spec(
             config, mode, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
             processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,
+            **({"encoder_decoder": True, "encoder_width": None} if self.encoder_decoder else {}),
         )
         return spec, knobs
 
@@ -353,6 +378,8 @@ class _Exporter:
                 autograph=False,
             )
         decode = self._decoders[spec]
+        if self.encoder_decoder:
+            return encoder_decoder_run(self, decode, spec, knobs, default_row_seeds)
 
         def run(input_ids, attention_mask, row_inputs: dict) -> dict:
             batch_size, width = tf.unstack(tf.shape(input_ids))

@@ -89,7 +89,10 @@ def attend(query: tf.Tensor, blocks: list[AttentionBlock]) -> tf.Tensor:
 
 def split_heads(x: tf.Tensor, heads: int) -> tf.Tensor:
     """`[B, T, heads * d_kv]` -> `[B, heads, T, d_kv]`."""
-    return tf.transpose(tf.reshape(x, [tf.shape(x)[0], tf.shape(x)[1], heads, -1]), [0, 2, 1, 3])
+    # The head size from the static width: with batch and length unknown (an export's signatures), -1 would leave
+    # it unknown too.
+    head_dim = -1 if x.shape[-1] is None else x.shape[-1] // heads
+    return tf.transpose(tf.reshape(x, [tf.shape(x)[0], tf.shape(x)[1], heads, head_dim]), [0, 2, 1, 3])
 
 
 class HFPart(NamedTuple):
