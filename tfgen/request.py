@@ -319,11 +319,6 @@ def prepare_request(
     strategy = strategy_for(mode)
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
-    # What fills a row after it finished. HF's beam search fills with `pad_token_id or eos_token_id[0]`: a pad id of 0
-    # (T5's) gives the eos id.
-    fill_token_id = pad_token_id
-    if mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE) and pad_token_id == 0 and eos_ids:
-        fill_token_id = eos_ids[0]
 
     encoder_decoder = is_encoder_decoder(model)
     encoder_ids = encoder_mask = None
@@ -396,7 +391,7 @@ def prepare_request(
         prompt_len=tf.constant(prompt_len, tf.int32),
         max_new_tokens=tf.constant(budgets),
         row_seeds=tf.constant(seeds),
-        pad_token_id=tf.constant(fill_token_id, tf.int32),
+        pad_token_id=tf.constant(pad_token_id, tf.int32),
         knobs={name: tf.constant(value) for name, value in knobs.items()},
         encoder=() if encoder_ids is None else padded_encoder_inputs(encoder_ids, encoder_mask, padded_batch, encoder_width,
                                                                pad_token_id),

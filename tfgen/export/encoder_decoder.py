@@ -12,7 +12,7 @@ import logging
 
 import tensorflow as tf
 
-from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.config import GenerationConfig
 from tfgen.decoding.common import DecodeInputs, EncoderInputs
 from tfgen.knobs import KNOBS
 from tfgen.value_types import is_integer
@@ -65,12 +65,6 @@ def encoder_decoder_run(exporter, decode, spec, knobs: dict, row_seeds):
     """`(input_ids, attention_mask, row_inputs) -> outputs` of an encoder-decoder signature (the `run` of
     `_Exporter._decoder`): `decode` is the signature's traced loop, `exporter` the `_Exporter`, `row_seeds(ids, mask)`
     the sampling keys of a request without `seed` (from the encoder input)."""
-    # HF's beam search fills finished rows with `pad_token_id or eos_token_id[0]` (T5's pad id 0 gives eos), as
-    # `tfgen.request.prepare_request` does.
-    fill_token_id = exporter.pad_token_id
-    eos_ids = exporter.config.eos_token_ids()
-    if spec.mode == GenerationMode.BEAM_SEARCH and fill_token_id == 0 and eos_ids:
-        fill_token_id = eos_ids[0]
     start_token = exporter.decoder_start_token_id
 
     def run(input_ids, attention_mask, row_inputs: dict) -> dict:
@@ -93,7 +87,7 @@ def encoder_decoder_run(exporter, decode, spec, knobs: dict, row_seeds):
             prompt_len=tf.constant(1, tf.int32),
             max_new_tokens=budgets,
             row_seeds=seeds,
-            pad_token_id=tf.constant(fill_token_id, tf.int32),
+            pad_token_id=tf.constant(exporter.pad_token_id, tf.int32),
             knobs=run_knobs,
             encoder=EncoderInputs(input_ids, attention_mask, tf.constant(0, tf.int32)),
         ))
