@@ -1,4 +1,4 @@
-"""Tiny random HF PyTorch T5 checkpoints, built here (nothing is downloaded) for tests/test_t5_model.py: the original T5
+"""Tiny random HF PyTorch T5 checkpoints, built here (nothing is downloaded) for the T5 tests: the original T5
 (ReLU feed-forward, LM head tied to the shared embedding) and T5 v1.1 / FLAN-T5 (gated-GELU, untied LM head)."""
 
 from __future__ import annotations
@@ -49,6 +49,30 @@ def build_hf_model(variant: str, directory=None, seed: int | None = None, **over
     return model
 
 
+def build_branching_model(variant: str, directory):
+    """(HF model, tfgen's copy) of `variant` for generation tests, saved to `directory`. HF's T5 initialisation makes
+    a tiny random model repeat one token forever; noise makes the searches branch. Queries (T5 does not scale
+    attention scores) and the untied head are scaled down so the model stays as well conditioned in float32 as a
+    trained one: HF's own float32 logits are then within ~2e-5 of float64."""
+    import torch
+    import transformers
+
+    from tfgen.models.auto import AutoModelForSeq2SeqLM
+
+    gated = variant == "flan"
+    torch.manual_seed(5 if gated else 11)
+    hf_model = transformers.T5ForConditionalGeneration(hf_config(variant)).eval()
+    with torch.no_grad():
+        for name, parameter in hf_model.named_parameters():
+            parameter.add_(torch.randn_like(parameter) * (0.2 if gated else 0.7))
+            if name.endswith(".q.weight"):
+                parameter.mul_(0.25 if gated else 0.1)
+        if gated:
+            hf_model.lm_head.weight.mul_(0.25)
+    hf_model.save_pretrained(directory, safe_serialization=True)
+    return hf_model, AutoModelForSeq2SeqLM.from_pretrained(directory)
+
+
 def build_checkpoints(tmp_path_factory) -> dict:
     """variant -> (checkpoint directory, HF torch model, our model loaded from the checkpoint), for every variant."""
     from tfgen.models.auto import AutoModelForSeq2SeqLM
@@ -86,3 +110,15 @@ def padded_batch(lengths, width: int, side: str, seed: int = 0, vocab_size: int 
         ids[row, real] = rng.integers(2, vocab_size, length)
         mask[row, real] = 1
     return ids, mask
+
+
+def word_level_t5_tokenizer():
+    """A word-level `tfgen.Tokenizer` over the tiny T5's 99 ids: <pad>=0, </s>=1, <unk>=2, "w3" ... "w98"."""
+    import tokenizers
+
+    from tfgen import Tokenizer
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, 99)}}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(backend, eos_token="</s>", pad_token="<pad>")

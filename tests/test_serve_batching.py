@@ -273,3 +273,32 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_slot(server, served, monkey
     signature, inputs = row_request(0)
     status, _, body = post(server, ":predict", {"signature_name": signature, "inputs": inputs})
     assert status == 200 and body["outputs"] == whole_call(served, signature, inputs)
+
+
+def test_slots_apply_the_prompt_penalty_of_the_export_config(tmp_path, tiny_model):
+    """An export whose config sets `encoder_repetition_penalty` (HF: over a decoder-only model's prompt): its slot
+    programs read each row's prompt as sent, so a slot decodes what generate() does."""
+    config = tiny_model.generation_config.copy()
+    config.update(do_sample=False, encoder_repetition_penalty=3.0)
+    root = tmp_path / "penalised"
+    export_saved_model(tiny_model, root, config, max_new_tokens=MAX_NEW_TOKENS, signatures=["greedy"], slots=2,
+                       slot_length=SLOT_LENGTH)
+    signatures = tf.saved_model.load(str(next(root.iterdir()))).signatures
+    ids = np.array([[0, 0, 20, 21, 20, 22]], np.int32)
+    mask = (ids != 0).astype(np.int32)
+    state = signatures["slot_insert"](
+        **signatures["slot_init"](), new_input_ids=ids, new_attention_mask=mask, new_width=np.array([6], np.int32),
+        new_slot=np.array([1], np.int32), new_max_new_tokens=np.array([MAX_NEW_TOKENS], np.int32),
+        new_seed=np.zeros([1, 2], np.int32), new_do_sample=np.array([False]),
+        new_temperature=np.array([1.0], np.float32), new_top_k=np.array([0], np.int32),
+        new_top_p=np.array([1.0], np.float32))
+    while not bool(tf.reduce_all(state["finished"])):
+        state = signatures["slot_steps"](**state, max_steps=tf.constant(4), release=tf.zeros([2], tf.bool))
+    eos = tiny_model.generation_config.eos_token_id
+    expected = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                   eos_token_id=eos, encoder_repetition_penalty=3.0).numpy()[0]
+    plain = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                eos_token_id=eos).numpy()[0]
+    assert (expected != plain).any()  # the penalty changes the tokens
+    length = int(state["length"][1])
+    np.testing.assert_array_equal(state["tokens"][1, :length].numpy(), expected[:length])

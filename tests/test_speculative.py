@@ -258,3 +258,14 @@ def test_a_model_without_per_row_cache_slots_is_refused(models, monkeypatch):
     monkeypatch.setattr(type(model), "row_cache_index", False)
     with pytest.raises(ValueError, match="model: GPT2LMHeadModel does not declare `row_cache_index = True`"):
         model.generate(np.array([[5, 6, 7]]), max_new_tokens=4, prompt_lookup_num_tokens=3)
+
+
+def test_encoder_repetition_penalty_reads_the_prompt_in_every_round(models):
+    """HF applies `encoder_repetition_penalty` to a decoder-only model's prompt; the verified positions see it too."""
+    model, _ = models["llama"]
+    ids, mask = padded(PROMPTS)
+    options = dict(max_new_tokens=12, encoder_repetition_penalty=3.0)
+    plain = model.generate(ids, attention_mask=mask, **options).numpy()
+    assert (plain != model.generate(ids, attention_mask=mask, max_new_tokens=12).numpy()).any()  # it acts
+    speculative = model.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=3, **options).numpy()
+    np.testing.assert_array_equal(speculative, plain)

@@ -18,12 +18,12 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from t5_checkpoints import build_branching_model, word_level_t5_tokenizer
 from test_export import within_budget
 from test_serve import as_columns, as_instances, call
-from test_t5_generate import NEW_TOKENS, _build, _encoder_batch, _mid_way_eos
+from test_t5_generate import NEW_TOKENS, encoder_batch, mid_way_eos
 
-from tfgen.export import SIGNATURES, export_saved_model
-from tfgen.export.encoder_decoder import encoder_decoder_names
+from tfgen.export import export_saved_model
 from tfgen.export.saved_model import EXPORT_INFO_FILE
 from tfgen.serving import ModelServer, load_export, start_in_thread
 
@@ -43,9 +43,9 @@ SIGNATURE_NAMES = ["serving_default", "greedy", "sample", "beam_search", "contra
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """(HF model, tfgen model, eos ids, version directory, export seconds) of the one export."""
-    hf_model, model = _build(tmp_path_factory.mktemp("t5_export_checkpoint"), gated=False)
-    ids, mask = _encoder_batch()
-    eos_token_ids = [1, _mid_way_eos(hf_model, ids, mask)]
+    hf_model, model = build_branching_model("t5", tmp_path_factory.mktemp("t5_export_checkpoint"))
+    ids, mask = encoder_batch()
+    eos_token_ids = [1, mid_way_eos(hf_model, ids, mask)]
     config = model.generation_config.copy()
     config.update(eos_token_id=eos_token_ids)
     began = time.perf_counter()
@@ -70,7 +70,7 @@ def served(built):
 @pytest.fixture(scope="module")
 def references(built) -> dict:
     _, model, eos_token_ids, _, _ = built
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     common = {"max_new_tokens": NEW_TOKENS, "eos_token_id": eos_token_ids, "jit_compile": False}
     greedy = model.generate(ids, attention_mask=mask, **common).numpy()
     sample = model.generate(ids, attention_mask=mask, do_sample=True, seed=np.array(SAMPLE_ROWS["seed"]),
@@ -83,7 +83,7 @@ def references(built) -> dict:
 
 
 def _inputs(rows: dict, left_padded: bool = False) -> dict:
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     if left_padded:  # the same rows, padded on the other side
         shifts = ids.shape[1] - mask.sum(axis=1)
         ids, mask = (np.stack([np.roll(row, shift) for row, shift in zip(array, shifts)]) for array in (ids, mask))
@@ -101,20 +101,17 @@ def _run(served, name: str, rows: dict, left_padded: bool = False) -> dict:
 
 
 def test_encoder_decoder_signatures_and_export_info(built):
-    names, left_out = encoder_decoder_names(list(SIGNATURES), False, None)
-    assert names == ["serving_default", "greedy", "sample", "beam_search", "contrastive"]
-    assert [line.split(":")[0] for line in left_out] == ["prompt_lookup", "generate_text", "slot signatures"]
     with open(os.path.join(built[3], "assets.extra", EXPORT_INFO_FILE), encoding="utf-8") as file:
         info = json.load(file)
     assert set(info["signatures"]) == set(SIGNATURE_NAMES)
-    assert info["encoder_decoder"]["decoder_start_token_id"] == 0
-    assert any(line.startswith("slot signatures") for line in info["encoder_decoder"]["left_out"])
+    assert info["encoder_decoder"] == {"decoder_start_token_id": 0}
     assert "slots" not in info
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"signatures": ["greedy", "prompt_lookup"]}, "prompt_lookup cannot be exported for an encoder-decoder"),
-    ({"slots": 2}, "slots: slot signatures"),
+    ({"signatures": ["greedy", "prompt_lookup"]}, "row_cache_index"),
+    ({"signatures": ["greedy", "generate_text"]}, "generate_text cannot be exported for an encoder-decoder"),
+    ({"slots": 2}, "slots: the slot signatures need"),
 ])
 def test_what_an_encoder_decoder_export_cannot_hold_is_refused(built, tmp_path, change, match):
     with pytest.raises(ValueError, match=match):
@@ -184,3 +181,18 @@ def test_serve_predict_matches_generate(served, built, references):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_cli_export_of_a_t5_directory_leaves_out_what_it_cannot_hold(tmp_path, capsys):
+    """`tfgen export --model T5_DIR` with a tokenizer in the folder: every signature an encoder-decoder can hold; the
+    text signature (a decoder-only prompt), prompt lookup and the slots stay out of the defaults."""
+    from tfgen.cli import main
+
+    checkpoint = tmp_path / "t5"
+    build_branching_model("t5", checkpoint)
+    word_level_t5_tokenizer().save_pretrained(checkpoint)
+    out = tmp_path / "exported"
+    assert main(["export", str(out), "--model", str(checkpoint), "--no-jit", "--max-new-tokens", "2"]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "1")
+    info = json.loads((out / "1" / "assets.extra" / EXPORT_INFO_FILE).read_text())
+    assert set(info["signatures"]) == set(SIGNATURE_NAMES) and "slots" not in info

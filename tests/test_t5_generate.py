@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from t5_checkpoints import build_branching_model, word_level_t5_tokenizer
 
 import tfgen
 
@@ -15,7 +16,7 @@ NEW_TOKENS = 10
 SOURCES = [[13, 7, 42, 9, 55, 21, 3, 1], [88, 14, 61, 1], [5, 29, 33, 47, 70, 1]]
 
 
-def _encoder_batch(rows=SOURCES):
+def encoder_batch(rows=SOURCES):
     width = max(len(row) for row in rows)
     ids = np.zeros((len(rows), width), np.int32)
     mask = np.zeros((len(rows), width), np.int32)
@@ -25,33 +26,6 @@ def _encoder_batch(rows=SOURCES):
     return ids, mask
 
 
-def _build(directory, gated: bool):
-    """A tiny random HF T5 (original: ReLU, tied head; v1.1 / FLAN: gated GELU, untied head) saved to `directory`;
-    returns the HF model and tfgen's copy."""
-    import transformers
-
-    config = transformers.T5Config(
-        vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
-        relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
-        feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=not gated,
-        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-    )
-    torch.manual_seed(5 if gated else 11)
-    hf_model = transformers.T5ForConditionalGeneration(config).eval()
-    # HF's T5 initialisation makes a tiny random model repeat one token forever; noise makes the searches branch.
-    # Queries (T5 does not scale attention scores) and the untied head are scaled down so the model stays as well
-    # conditioned in float32 as a trained one: HF's own float32 logits are then within ~2e-5 of float64.
-    with torch.no_grad():
-        for name, parameter in hf_model.named_parameters():
-            parameter.add_(torch.randn_like(parameter) * (0.2 if gated else 0.7))
-            if name.endswith(".q.weight"):
-                parameter.mul_(0.25 if gated else 0.1)
-        if gated:
-            hf_model.lm_head.weight.mul_(0.25)
-    hf_model.save_pretrained(directory, safe_serialization=True)
-    return hf_model, tfgen.AutoModelForSeq2SeqLM.from_pretrained(directory)
-
-
 @pytest.fixture(scope="module")
 def t5_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("t5")
@@ -59,12 +33,12 @@ def t5_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def t5(t5_dir):
-    return _build(t5_dir, gated=False)
+    return build_branching_model("t5", t5_dir)
 
 
 @pytest.fixture(scope="module")
 def flan(tmp_path_factory):
-    return _build(tmp_path_factory.mktemp("flan_t5"), gated=True)
+    return build_branching_model("flan", tmp_path_factory.mktemp("flan_t5"))
 
 
 def hf_generate(hf_model, ids, mask, **options):
@@ -85,7 +59,7 @@ def _same_tokens(ours, hf_sequences):
     np.testing.assert_array_equal(ours, np.pad(hf_sequences, padding))
 
 
-def _mid_way_eos(hf_model, ids, mask, **options):
+def mid_way_eos(hf_model, ids, mask, **options):
     """A token the free-running search emits at different steps in at least two rows (an eos with teeth)."""
     _, free = hf_generate(hf_model, ids, mask, eos_token_id=None, **options)
     free = free[:, 1:]
@@ -99,8 +73,8 @@ def _mid_way_eos(hf_model, ids, mask, **options):
 @pytest.mark.parametrize("variant", ["t5", "flan"])
 def test_greedy_with_padded_encoder_inputs_matches_hf(variant, request):
     hf_model, model = request.getfixturevalue(variant)
-    ids, mask = _encoder_batch()
-    eos = _mid_way_eos(hf_model, ids, mask)
+    ids, mask = encoder_batch()
+    eos = mid_way_eos(hf_model, ids, mask)
     out, expected = hf_generate(hf_model, ids, mask, eos_token_id=eos, output_scores=True, output_logits=True,
                                 return_dict_in_generate=True)
     ours = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos,
@@ -119,7 +93,7 @@ def test_greedy_with_padded_encoder_inputs_matches_hf(variant, request):
 def test_each_row_decodes_as_it_would_alone(t5):
     """Padding (the caller's and the bucket's) changes nothing: a row in a batch equals the row alone."""
     _, model = t5
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     batch = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=None).numpy()
     for index, row in enumerate(SOURCES):
         alone = model.generate(np.array([row]), max_new_tokens=NEW_TOKENS, eos_token_id=None).numpy()
@@ -128,7 +102,7 @@ def test_each_row_decodes_as_it_would_alone(t5):
 
 def test_decoder_input_ids_continue_a_prefix_like_hf(t5):
     hf_model, model = t5
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     prefix = np.array([[0, 17, 4], [0, 23, 23], [0, 5, 60]])
     _, expected = hf_generate(hf_model, ids, mask, eos_token_id=None, decoder_input_ids=torch.tensor(prefix))
     ours = model.generate(ids, attention_mask=mask, decoder_input_ids=prefix, max_new_tokens=NEW_TOKENS,
@@ -154,8 +128,8 @@ _BEAM_CASES = {
 def test_beam_search_matches_hf(variant, case, request):
     hf_model, model = request.getfixturevalue(variant)
     options = _BEAM_CASES[case]
-    ids, mask = _encoder_batch()
-    eos = _mid_way_eos(hf_model, ids, mask)
+    ids, mask = encoder_batch()
+    eos = mid_way_eos(hf_model, ids, mask)
     out, expected = hf_generate(hf_model, ids, mask, eos_token_id=eos, return_dict_in_generate=True,
                                 output_scores=True, **options)
     ours = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos,
@@ -171,7 +145,7 @@ def test_beam_search_matches_hf(variant, case, request):
 
 def test_contrastive_search_matches_hf(t5):
     hf_model, model = t5
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     options = dict(penalty_alpha=0.6, top_k=4)
     _, expected = hf_generate(hf_model, ids, mask, eos_token_id=None, **options)
     ours = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=None, **options)
@@ -191,9 +165,9 @@ def test_contrastive_search_matches_hf(t5):
 def test_encoder_processors_match_hf(t5, options):
     hf_model, model = t5
     # Sources that repeat the decoder's favourite tokens, so the encoder-side processors have something to act on.
-    _, free = hf_generate(hf_model, *_encoder_batch(), eos_token_id=None)
+    _, free = hf_generate(hf_model, *encoder_batch(), eos_token_id=None)
     sources = [list(free[row, 1:7]) + SOURCES[row] for row in range(len(SOURCES))]
-    ids, mask = _encoder_batch(sources)
+    ids, mask = encoder_batch(sources)
     _, expected = hf_generate(hf_model, ids, mask, eos_token_id=None, **options)
     ours = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=None, **options)
     _same_tokens(ours, expected)
@@ -204,7 +178,7 @@ def test_encoder_processors_match_hf(t5, options):
 
 def test_seeded_sampling_is_reproducible_and_row_independent(t5):
     _, model = t5
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     options = dict(do_sample=True, top_k=20, temperature=1.3, max_new_tokens=NEW_TOKENS, eos_token_id=None)
     seeds = np.array([[1, 2], [3, 4], [5, 6]])
     first = model.generate(ids, attention_mask=mask, seed=seeds, **options).numpy()
@@ -218,7 +192,7 @@ def test_seeded_sampling_is_reproducible_and_row_independent(t5):
 
 def test_streaming_hands_out_the_tokens_of_the_whole_call(t5):
     _, model = t5
-    ids, mask = _encoder_batch()
+    ids, mask = encoder_batch()
     chunks = []
     streamed = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=None,
                               streamer=lambda tokens: chunks.append(np.asarray(tokens).reshape(len(ids), -1)))
@@ -261,15 +235,10 @@ def test_decoder_only_models_refuse_decoder_inputs(tiny_model):
 
 def test_cli_generate_runs_a_t5_directory_like_a_causal_one(t5, t5_dir, capsys):
     """`tfgen generate --model DIR "text"`: the text is the encoder input, the printed answer the decoder's text."""
-    import tokenizers
-
     from tfgen.cli import main
 
     _, model = t5
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, 99)}}
-    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-    tokenizer = tfgen.Tokenizer(backend, eos_token="</s>", pad_token="<pad>")
+    tokenizer = word_level_t5_tokenizer()
     tokenizer.save_pretrained(t5_dir)
     assert main(["generate", "--model", str(t5_dir), "w13 w7 w42 w9", "--max-new-tokens", "6", "--greedy"]) == 0
     expected = model.generate(np.array([[13, 7, 42, 9]]), max_new_tokens=6, do_sample=False)

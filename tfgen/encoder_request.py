@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from tfgen.config import GenerationConfig
 from tfgen.decoding.common import EncoderInputs
-from tfgen.input_checks import check_input_ids
+from tfgen.input_checks import check_attention_mask, check_input_ids, mask_array
 
 #: generate() keywords of encoder-decoder models (besides `input_ids` / `attention_mask`).
-ENCODER_DECODER_KWARGS = ("decoder_input_ids", "decoder_attention_mask")
+DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
 
 
 class EncoderDecoderPrompt(NamedTuple):
@@ -36,30 +36,34 @@ def is_encoder_decoder(model) -> bool:
     return getattr(model, "is_encoder_decoder", False) is True and callable(getattr(model, "encode", None))
 
 
-def refuse_decoder_inputs(options: dict) -> None:
-    """Pops the encoder-decoder keywords from `options`: ValueError when a decoder-only model's call sets one."""
-    for name in ENCODER_DECODER_KWARGS:
-        if options.pop(name, None) is not None:
+def refuse_decoder_inputs(decoder_inputs: dict) -> None:
+    """ValueError naming the first of `decoder_inputs` (`DECODER_INPUTS` a call gave) that is set: a decoder-only model
+    has no decoder prompt apart from `input_ids`."""
+    for name, value in decoder_inputs.items():
+        if value is not None:
             raise ValueError(f"{name}: the model is decoder-only; pass its prompt as input_ids.")
 
 
-def encoder_decoder_prompt(input_ids, attention_mask, options: dict, config: GenerationConfig, vocab_size: int,
+def encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs: dict, config: GenerationConfig, vocab_size: int,
                            pad_token_id: int, eos_ids) -> EncoderDecoderPrompt:
-    """Checks the encoder input and resolves the decoder prompt (popping `decoder_input_ids` /
-    `decoder_attention_mask` from `options`).
+    """Checks the encoder input and resolves the decoder prompt from `decoder_inputs` (`DECODER_INPUTS` a call gave).
 
-    The encoder mask is inferred from pad ids by HF's rule when absent. The decoder starts from
-    `config.decoder_start_token_id` (else `bos_token_id`; a list gives one per row); `decoder_input_ids` that do not
-    start with it in any row get it prepended, as HF does. A decoder mask is all ones unless given (HF never infers
-    it: T5's start token is its pad token)."""
-    decoder_input_ids = options.pop("decoder_input_ids", None)
-    decoder_attention_mask = options.pop("decoder_attention_mask", None)
+    The encoder mask is inferred from pad ids by HF's rule when absent, and may pad either side. The decoder starts
+    from `decoder_start_token_ids(config)` (one per row when a list); `decoder_input_ids` that do not start with it in
+    any row get it prepended, as HF does. A decoder mask is all ones unless given (HF never infers it: T5's start
+    token is its pad token) and must be left padded."""
+    decoder_input_ids = decoder_inputs.get("decoder_input_ids")
+    decoder_attention_mask = decoder_inputs.get("decoder_attention_mask")
     ids = check_input_ids(input_ids, vocab_size)
     if not ids.shape[1]:
         raise ValueError("input_ids: an encoder-decoder model needs a non-empty encoder input.")
-    mask = _encoder_mask(attention_mask, ids, pad_token_id, eos_ids)
+    mask = check_attention_mask(attention_mask, ids, pad_token_id, eos_ids, left_padded=False)
     batch_size = ids.shape[0]
-    start = _decoder_start(config, batch_size, vocab_size)
+    start = decoder_start_token_ids(config, vocab_size).reshape(-1, 1)
+    if start.shape[0] not in (1, batch_size):
+        raise ValueError(f"decoder_start_token_id: a list must hold one id per row ({batch_size}), got "
+                         f"{config.decoder_start_token_id!r}.")
+    start = np.broadcast_to(start, [batch_size, 1])
     if decoder_input_ids is None:
         if decoder_attention_mask is not None:
             raise ValueError("decoder_attention_mask: given without decoder_input_ids.")
@@ -68,62 +72,32 @@ def encoder_decoder_prompt(input_ids, attention_mask, options: dict, config: Gen
     if decoder_ids.shape[0] != batch_size or not decoder_ids.shape[1]:
         raise ValueError(f"decoder_input_ids must have shape [{batch_size}, length >= 1] like input_ids' batch, got "
                          f"{decoder_ids.shape}.")
-    decoder_mask = np.ones_like(decoder_ids) if decoder_attention_mask is None else _decoder_mask(
-        decoder_attention_mask, decoder_ids)
+    decoder_mask = np.ones_like(decoder_ids)
+    if decoder_attention_mask is not None:
+        decoder_mask = mask_array(decoder_attention_mask, decoder_ids, "decoder_attention_mask", "decoder_input_ids")
+        if (decoder_mask[:, -1] == 0).any():
+            raise ValueError("decoder_attention_mask: the decoder continues from the last column, so its rows must be "
+                             "left padded (their last column a real token).")
     if (decoder_ids[:, 0] != start[:, 0]).all():
         decoder_ids = np.concatenate([start, decoder_ids], axis=1)
         decoder_mask = np.concatenate([np.ones_like(start), decoder_mask], axis=1)
     return EncoderDecoderPrompt(ids, mask, decoder_ids, decoder_mask)
 
 
-def _encoder_mask(attention_mask, ids: np.ndarray, pad_token_id: int, eos_ids) -> np.ndarray:
-    if attention_mask is None:
-        # HF's rule: infer the mask from pad ids only when pad ids occur and pad is not also eos.
-        if pad_token_id in ids and pad_token_id not in eos_ids:
-            return (ids != pad_token_id).astype(np.int32)
-        return np.ones_like(ids)
-    mask = _mask_array(attention_mask, ids, "attention_mask")
-    if (mask.sum(axis=1) == 0).any():
-        raise ValueError(f"attention_mask: row {int(np.argmin(mask.sum(axis=1)))} of the encoder input has no tokens.")
-    return mask
-
-
-def _decoder_mask(decoder_attention_mask, decoder_ids: np.ndarray) -> np.ndarray:
-    mask = _mask_array(decoder_attention_mask, decoder_ids, "decoder_attention_mask")
-    if (mask[:, -1] == 0).any():
-        raise ValueError("decoder_attention_mask: the decoder continues from the last column, so its rows must be "
-                         "left padded (their last column a real token).")
-    return mask
-
-
-def _mask_array(mask, ids: np.ndarray, name: str) -> np.ndarray:
-    """int32 0/1 mask of `ids`' shape; ValueError / TypeError naming `name` otherwise."""
-    if isinstance(mask, (tf.Tensor, tf.Variable)):
-        mask = mask.numpy()
-    array = np.asarray(mask)
-    if array.shape != ids.shape:
-        raise ValueError(f"{name} has shape {array.shape}, but its ids have shape {ids.shape}.")
-    if not (np.issubdtype(array.dtype, np.integer) or array.dtype == bool):
-        raise TypeError(f"{name} must hold integers 0/1, got dtype {array.dtype}.")
-    if not np.isin(array, (0, 1)).all():
-        raise ValueError(f"{name} must hold only 0 and 1.")
-    return array.astype(np.int32)
-
-
-def _decoder_start(config: GenerationConfig, batch_size: int, vocab_size: int) -> np.ndarray:
-    """int32 `[batch_size, 1]`: each row's decoder start token."""
+def decoder_start_token_ids(config: GenerationConfig, vocab_size: int) -> np.ndarray:
+    """int32 `[N]`: the decoder's start token, `config.decoder_start_token_id` (an id, or a list of one per row), else
+    its `bos_token_id` (HF's rule); ValueError naming `decoder_start_token_id` when there is none or one lies outside
+    the vocabulary."""
     start = config.decoder_start_token_id
     if start is None:
         start = config.bos_token_id
     if start is None:
         raise ValueError("decoder_start_token_id: the encoder-decoder model's generation config has neither a "
                          "decoder_start_token_id nor a bos_token_id to start the decoder from.")
-    column = np.asarray(start).reshape(-1, 1)
-    if column.shape[0] not in (1, batch_size):
-        raise ValueError(f"decoder_start_token_id: a list must hold one id per row ({batch_size}), got {start!r}.")
-    if column.min() < 0 or column.max() >= vocab_size:
+    ids = np.asarray(start).reshape(-1)
+    if not ids.size or ids.min() < 0 or ids.max() >= vocab_size:
         raise ValueError(f"decoder_start_token_id: {start!r} is outside the vocabulary [0, {vocab_size}).")
-    return np.broadcast_to(column, [batch_size, 1]).astype(np.int32)
+    return ids.astype(np.int32)
 
 
 def padded_encoder_inputs(ids: np.ndarray, mask: np.ndarray, rows: int, width: int, pad_token_id: int) -> EncoderInputs:

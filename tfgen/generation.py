@@ -54,6 +54,10 @@ class TFGenerationMixin:
             inputs / input_ids: int ids `[batch, prompt_len]` (numpy, nested lists or a tensor), left padded.
                 May be omitted (or have length 0) when the model has a `bos_token_id`: generation starts from it.
             attention_mask (keyword): `[batch, prompt_len]` of 0/1; inferred from `pad_token_id` like HF when absent.
+                An encoder-decoder model (T5) takes `inputs` / `attention_mask` as its encoder input (padded on either
+                side) and starts its decoder from `decoder_input_ids=` `[batch, W]` (keyword; default one
+                `decoder_start_token_id` per row, prepended when no row starts with it) under
+                `decoder_attention_mask=` (left padded; default all ones); the returned tokens are the decoder's.
             generation_config: a `GenerationConfig`; defaults to the model's. Keyword arguments override its
                 attributes (`max_new_tokens=`, `do_sample=`, `top_p=` ...); an unknown keyword is an error.
             logits_processor: callables `(input_ids [B, L], scores [B, V], cur_len) -> scores` run inside the
@@ -78,7 +82,8 @@ class TFGenerationMixin:
             int32 tensor `[batch * num_return_sequences, prompt_len + max_new_tokens]`, padded with
             `pad_token_id` after a row finished; or with `return_dict_in_generate=True` a
             `GenerateDecoderOnlyOutput` with `sequences` and, when asked, `scores` / `logits` (one
-            `[batch * num_return_sequences, vocab]` tensor per generated step).
+            `[batch * num_return_sequences, vocab]` tensor per generated step); for an encoder-decoder model HF's
+            `GenerateEncoderDecoderOutput` / `GenerateBeamEncoderDecoderOutput` names.
         """
         began = time.monotonic()
         request = prepare_request(

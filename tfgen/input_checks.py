@@ -59,25 +59,19 @@ def check_input_ids(input_ids, vocab_size: int) -> np.ndarray:
     return array.astype(np.int32)
 
 
-def check_attention_mask(attention_mask, input_ids: np.ndarray, pad_token_id: int, eos_ids, *, stacklevel: int = 4):
-    """int32 mask of `input_ids`' shape: checked, or inferred from pad ids by HF's rule when None."""
+def check_attention_mask(attention_mask, input_ids: np.ndarray, pad_token_id: int, eos_ids, *, stacklevel: int = 4,
+                         left_padded: bool = True):
+    """int32 mask of `input_ids`' shape: checked, or inferred from pad ids by HF's rule when None. `left_padded`: warn
+    about right-padded rows (a decoder continues from the last column; an encoder input may be padded either side)."""
     if attention_mask is None:
         # HF's rule: infer the mask from pad ids only when pad ids occur and pad is not also eos.
         if pad_token_id in input_ids and pad_token_id not in eos_ids:
             return (input_ids != pad_token_id).astype(np.int32)
         return np.ones_like(input_ids, np.int32)
-    if isinstance(attention_mask, (tf.Tensor, tf.Variable)):
-        attention_mask = attention_mask.numpy()
-    mask = np.asarray(attention_mask)
-    if mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask has shape {mask.shape}, but input_ids has shape {input_ids.shape}.")
-    if not (np.issubdtype(mask.dtype, np.integer) or mask.dtype == bool):
-        raise TypeError(f"attention_mask must hold integers 0/1, got dtype {mask.dtype}.")
-    if not np.isin(mask, (0, 1)).all():
-        raise ValueError("attention_mask must hold only 0 and 1.")
+    mask = mask_array(attention_mask, input_ids, "attention_mask", "input_ids")
     if (mask.sum(axis=1) == 0).any():
         raise ValueError(f"attention_mask: row {int(np.argmin(mask.sum(axis=1)))} has no tokens.")
-    if (mask[:, -1] == 0).any():
+    if left_padded and (mask[:, -1] == 0).any():
         warnings.warn(
             "attention_mask: some rows are right-padded; decoder-only generation continues from the last column, "
             "so pad on the left.",
@@ -85,6 +79,20 @@ def check_attention_mask(attention_mask, input_ids: np.ndarray, pad_token_id: in
             stacklevel=stacklevel,
         )
     return mask.astype(np.int32)
+
+
+def mask_array(mask, ids: np.ndarray, name: str, ids_name: str) -> np.ndarray:
+    """`mask` (any array-like) as int32 0/1 of `ids`' shape; ValueError / TypeError naming `name` otherwise."""
+    if isinstance(mask, (tf.Tensor, tf.Variable)):
+        mask = mask.numpy()
+    array = np.asarray(mask)
+    if array.shape != ids.shape:
+        raise ValueError(f"{name} has shape {array.shape}, but {ids_name} has shape {ids.shape}.")
+    if not (np.issubdtype(array.dtype, np.integer) or array.dtype == bool):
+        raise TypeError(f"{name} must hold integers 0/1, got dtype {array.dtype}.")
+    if not np.isin(array, (0, 1)).all():
+        raise ValueError(f"{name} must hold only 0 and 1.")
+    return array.astype(np.int32)
 
 
 def resolve_lengths(config: GenerationConfig, prompt_len: int, model_config, explicit_max_length: bool) -> int:

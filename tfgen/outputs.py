@@ -103,9 +103,9 @@ def package_outputs(request, result: dict):
     fields = dict(sequences=sequences, scores=per_step("scores"), logits=per_step("logits"),
                   structured_complete=None if complete is None else tf.constant(complete))
     if "sequences_scores" not in result:
-        return (GenerateEncoderDecoderOutput if request.encoder_decoder else GenerateDecoderOnlyOutput)(**fields)
+        return (GenerateEncoderDecoderOutput if request.inputs.encoder else GenerateDecoderOnlyOutput)(**fields)
     beam_indices = result.get("beam_indices")
-    return (GenerateBeamEncoderDecoderOutput if request.encoder_decoder else GenerateBeamDecoderOnlyOutput)(
+    return (GenerateBeamEncoderDecoderOutput if request.inputs.encoder else GenerateBeamDecoderOnlyOutput)(
         **fields,
         sequences_scores=real_rows(result["sequences_scores"]),
         beam_indices=None if beam_indices is None else real_rows(beam_indices)[:, :steps],

@@ -253,6 +253,9 @@ def apply_processors(
     if spec.sequence_bias:
         biases = read_knob(knobs, "sequence_bias", tf.float32)
         scores = scores + _sequence_bias(ctx, spec.sequence_bias, biases, vocab_size)
+    if (spec.encoder_repetition_penalty or spec.encoder_no_repeat_ngram_size) and isinstance(ctx.encoder_ids, tuple):
+        raise ValueError("encoder_repetition_penalty / encoder_no_repeat_ngram_size: this decoding loop gives the "
+                         "processors no encoder input ids (ProcessorContext.encoder_ids)")
     if spec.encoder_repetition_penalty:
         # HF divides by the inverse penalty: a token of the encoder input becomes more likely (penalty > 1).
         inverse = tf.cast(1.0 / per_row_knob(knobs, "encoder_repetition_penalty", tf.float64), tf.float32)

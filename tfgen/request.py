@@ -24,6 +24,7 @@ from tfgen.decoding.loop import DecodeSpec
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import strategy_for
 from tfgen.encoder_request import (
+    DECODER_INPUTS,
     encoder_decoder_prompt,
     is_encoder_decoder,
     padded_encoder_inputs,
@@ -47,7 +48,7 @@ _GRAMMAR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, Generatio
 # What encoder-decoder models do not run (yet): drafting needs a decoder-only assistant, constraints HF's scorer.
 _NO_ENCODER_MODES = (GenerationMode.ASSISTED_GENERATION, GenerationMode.CONSTRAINED_BEAM_SEARCH)
 # generate() keywords that are not GenerationConfig attributes.
-MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", *DECODER_INPUTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +106,6 @@ class Request:
     max_time: Optional[float] = None
     #: The `regex` / `json_schema` automaton (`tfgen.structured.automaton.TokenAutomaton`), or None.
     automaton: Any = None
-    #: Whether the model is an encoder-decoder (its outputs are HF's `Generate*EncoderDecoderOutput`).
-    encoder_decoder: bool = False
 
     def with_budgets(self, budgets) -> "Request":
         """The same request with per-row budgets `budgets` int `[batch_size]` (each at most `max_new_tokens`);
@@ -264,7 +263,6 @@ def decode_spec(
         stopping_criteria_ids=tuple(id(criterion) for criterion in stopping_criteria),
         assistant=assistant_model if mode == GenerationMode.ASSISTED_GENERATION else None,
         assistant_id=id(assistant_model) if mode == GenerationMode.ASSISTED_GENERATION else None,
-        encoder_decoder=encoder_decoder,
         encoder_width=encoder_width,
     )
 
@@ -303,10 +301,10 @@ def prepare_request(
     vocab_size = int(model_config.vocab_size)
     input_ids = pop_input_ids(inputs, options)
     attention_mask = options.pop("attention_mask", None)
-    decoder_options = {name: options.pop(name) for name in ("decoder_input_ids", "decoder_attention_mask")
-                       if name in options}
-    if not is_encoder_decoder(model):
-        refuse_decoder_inputs(decoder_options)
+    encoder_decoder = is_encoder_decoder(model)
+    decoder_inputs = {name: options.pop(name) for name in DECODER_INPUTS if name in options}
+    if not encoder_decoder:
+        refuse_decoder_inputs(decoder_inputs)
     assistant_model = options.pop("assistant_model", None)
     user_criteria, criteria_options, tokenizer = split_stopping_criteria(
         stopping_criteria, base_config(model, generation_config), options, tokenizer
@@ -320,10 +318,9 @@ def prepare_request(
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
 
-    encoder_decoder = is_encoder_decoder(model)
     encoder_ids = encoder_mask = None
     if encoder_decoder:
-        prompt = encoder_decoder_prompt(input_ids, attention_mask, decoder_options, config, vocab_size, pad_token_id,
+        prompt = encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs, config, vocab_size, pad_token_id,
                                         eos_ids)
         encoder_ids, encoder_mask = prompt.input_ids, prompt.attention_mask
         input_ids, attention_mask = prompt.decoder_input_ids, prompt.decoder_attention_mask
@@ -406,6 +403,5 @@ def prepare_request(
         return_dict=bool(config.return_dict_in_generate),
         max_time=config.max_time,
         automaton=automaton,
-        encoder_decoder=encoder_decoder,
     )
 

@@ -135,7 +135,7 @@ def _check_prompt(info: dict, ids: np.ndarray, mask: np.ndarray) -> None:
 
 def _prompt_seeds(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """`serving_default`'s sampling keys (a hash of each row's prompt, `default_row_seeds`)."""
-    from tfgen.export.saved_model import default_row_seeds
+    from tfgen.export.signature_inputs import default_row_seeds
 
     return default_row_seeds(tf.constant(ids), tf.constant(mask)).numpy()
 

@@ -133,7 +133,7 @@ def export_model(
     and its `options`, adding generate_text when `text` is true, `signatures` allows it and a tokenizer sits next
     to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Returns the version
     folder."""
-    from tfgen.export import SIGNATURES, export_saved_model
+    from tfgen.export import export_saved_model
     from tfgen.gguf import is_gguf_path
     from tfgen.model_pull import resolve_model_argument
     from tfgen.models.auto import load_generation_model
@@ -153,11 +153,9 @@ def export_model(
             tokenizer = Tokenizer.from_pretrained(source)
         else:
             logger.warning("no tokenizer.json next to the model, so no generate_text signature")
-    if not text and signatures is None:
-        signatures = [name for name, spec in SIGNATURES.items() if not spec.text]
     if stop_strings:
         options["stop_strings"] = stop_strings
     try:
-        return export_saved_model(model, out_dir, signatures=signatures, tokenizer=tokenizer, **options)
+        return export_saved_model(model, out_dir, signatures=signatures, tokenizer=tokenizer, text=text, **options)
     except ImportError as error:
         raise ValueError(f"{error} (or pass --no-text)") from None

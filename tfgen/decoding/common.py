@@ -203,10 +203,9 @@ def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: 
     """Where HF's `input_ids` sits in `sequences` (`copies` consecutive rows per prompt) at `step`, and the rows'
     automaton states (`DecodeState.grammar_state`)."""
     max_length = inputs.prompt_len + inputs.max_new_tokens
-    encoder_ids = ()
-    if "encoder_repetition_penalty" in inputs.knobs or inputs.encoder:
-        encoder_ids = encoder_input_ids(inputs)
-        encoder_ids = encoder_ids if copies == 1 else tf.repeat(encoder_ids, copies, axis=0)
+    # Only the encoder-side processors read it; a program without them drops these ops.
+    encoder_ids = encoder_input_ids(inputs)
+    encoder_ids = encoder_ids if copies == 1 else tf.repeat(encoder_ids, copies, axis=0)
     return ProcessorContext(
         sequences=sequences,
         start=inputs.start,

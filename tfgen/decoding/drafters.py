@@ -25,7 +25,14 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfgen.decoding.common import DecodeInputs, DecodeState, sample_from_scores, size_of, softmax_limit
+from tfgen.decoding.common import (
+    DecodeInputs,
+    DecodeState,
+    encoder_input_ids,
+    sample_from_scores,
+    size_of,
+    softmax_limit,
+)
 from tfgen.processors import ProcessorContext, apply_processors
 
 #: Philox streams of the draws a sampling drafter makes (stream 0 is the model's own choice of a token).
@@ -65,6 +72,7 @@ def draft_context(inputs: DecodeInputs, sequences: tf.Tensor, generated: tf.Tens
     return ProcessorContext(
         sequences=sequences, start=inputs.start, cur_len=inputs.prompt_len + generated + offset,
         prompt_len=inputs.prompt_len, max_length=inputs.prompt_len + inputs.max_new_tokens,
+        encoder_ids=encoder_input_ids(inputs),
     )
 
 

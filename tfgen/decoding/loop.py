@@ -55,9 +55,8 @@ class DecodeSpec:
     #: The assistant model of assisted generation (compared by identity, `assistant_id`), or None.
     assistant: Any = dataclasses.field(default=None, compare=False, repr=False)
     assistant_id: Optional[int] = None
-    #: Whether the model is an encoder-decoder (`DecodeInputs.encoder` is then set), and its encoder input's columns
-    #: (None: any, in an export).
-    encoder_decoder: bool = False
+    #: An encoder-decoder model's encoder input columns (`DecodeInputs.encoder`; None: decoder-only, or any width in
+    #: an export).
     encoder_width: Optional[int] = None
 
     def option(self, name: str, default: Any = None) -> Any:

@@ -193,7 +193,8 @@ class SpeculativeLoop(DecodingLoop):
         offsets = tf.range(copies)[tf.newaxis]
         context = draft_context(inputs, tf.repeat(drafted_sequences, copies, axis=0),
                                 tf.reshape(generated[:, tf.newaxis] + offsets, [-1]), 0)
-        context = context._replace(max_length=tf.repeat(context.max_length, copies))
+        context = context._replace(max_length=tf.repeat(context.max_length, copies),
+                                   encoder_ids=tf.repeat(context.encoder_ids, copies, axis=0))
         knobs = repeat_per_row(inputs.knobs, copies, lambda value, n: tf.repeat(value, n, axis=0))
         scores = apply_processors(self.spec.processor_spec, tf.reshape(logits, [-1, vocab]), context, knobs)
         return tf.reshape(scores, [-1, copies, vocab])

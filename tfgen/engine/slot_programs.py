@@ -211,8 +211,11 @@ class SlotPrograms:
     def _choose(self, state: dict, logits) -> dict:
         """Chooses each running row's token at column `length` from `logits` float32 `[R, V]` and writes it."""
         column, width = state["length"], state["width"]
+        # A row's prompt, as sent, is its columns [0, width): HF's `encoder_input_ids` of a decoder-only model.
+        prompt_columns = tf.range(tf.shape(state["tokens"])[1])[tf.newaxis, :] < width[:, tf.newaxis]
         context = ProcessorContext(sequences=state["tokens"], start=tf.constant(0, tf.int32), cur_len=column,
-                                   prompt_len=width[:, tf.newaxis], max_length=width + state["budget"])
+                                   prompt_len=width[:, tf.newaxis], max_length=width + state["budget"],
+                                   encoder_ids=tf.where(prompt_columns, state["tokens"], -1))
         knobs, running = self._knobs(state), ~state["finished"]
 
         def greedy():  # no row samples: the warpers (neutral in greedy rows) and the draw are skipped

@@ -9,7 +9,7 @@ from tfgen.lazy import lazy_exports
 
 _EXPORTS = {
     "EXPORT_INFO_FILE": "tfgen.export.saved_model",
-    "default_row_seeds": "tfgen.export.saved_model",
+    "default_row_seeds": "tfgen.export.signature_inputs",
     "export_saved_model": "tfgen.export.saved_model",
     "DEFAULT_CONTRASTIVE_TOP_K": "tfgen.export.signatures",
     "DEFAULT_MAX_MATCHING_NGRAM_SIZE": "tfgen.export.signatures",

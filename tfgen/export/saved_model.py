@@ -22,12 +22,11 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfgen.config import GenerationConfig, GenerationMode
-from tfgen.decoding.common import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec, generate_all
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import make_loop
-from tfgen.encoder_request import is_encoder_decoder
-from tfgen.export.encoder_decoder import decoder_start_token_id, encoder_decoder_names, encoder_decoder_run
+from tfgen.encoder_request import decoder_start_token_ids, is_encoder_decoder
+from tfgen.export.signature_inputs import signature_run
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.portable import WithoutStaticTokenCount, model_variables, xla_only_ops
 from tfgen.export.request_checks import request_checks
@@ -38,7 +37,6 @@ from tfgen.export.structured_inputs import (STRUCTURED_SIGNATURE, STRUCTURED_SPE
 from tfgen.export.text_graph import in_graph_tokenizer, text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
 from tfgen.knobs import KNOBS, declared
-from tfgen.random import derive_seeds, philox4x32
 from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
 from tfgen.request_size import check_request_fits
 from tfgen.structured.automaton import constraint_automaton
@@ -47,39 +45,12 @@ from tfgen.value_types import is_integer
 logger = logging.getLogger(__name__)
 
 EXPORT_INFO_FILE = "tfgen_export.json"
-# Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
-_PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)
-_MASK32 = 0xFFFFFFFF
 # Decoding modes whose exported signatures are tested (group beam search and beam sampling are not exported;
 # assisted generation only with prompt lookup, the drafter that needs no second model).
 _EXPORTABLE_MODES = (
     GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.CONTRASTIVE_SEARCH,
     GenerationMode.ASSISTED_GENERATION,
 )
-
-
-def default_row_seeds(input_ids, attention_mask) -> tf.Tensor:
-    """The sampling keys of signatures without a `seed` input: int32 `[B, 2]` from `[B, T]` ids and mask.
-
-    Each key is derived from a 32-bit hash of the row's real tokens (mask 1) and their distance from the end of
-    the row. So a row's samples depend on its prompt only — not on its neighbours, its place in the batch or
-    extra left padding — which keeps TF Serving's request batching deterministic, and `serving_default` samples
-    what `model.generate(..., do_sample=True, seed=default_row_seeds(ids, mask))` samples.
-    """
-    ids = tf.cast(input_ids, tf.int64)
-    width = tf.shape(ids, out_type=tf.int64)[1]
-    from_end = width - 1 - tf.range(width)
-    zeros = tf.zeros_like(from_end)
-    # One pseudo-random 32-bit weight per distance from the end (counter word 1 = 1 keeps clear of the words
-    # the decode loop and `derive_seeds` use).
-    counters = tf.stack([from_end, tf.ones_like(from_end), zeros, zeros], axis=-1)
-    weights = tf.cast(philox4x32(counters, tf.constant(_PROMPT_HASH_KEY, tf.int64))[:, 0], tf.uint64)
-    products = tf.cast(ids + 1, tf.uint64) * weights[None, :]
-    terms = tf.cast(tf.bitwise.bitwise_and(products, tf.constant(_MASK32, tf.uint64)), tf.int64)
-    terms = tf.where(tf.cast(attention_mask, tf.bool), terms, tf.zeros_like(terms))
-    digest = tf.bitwise.bitwise_and(tf.reduce_sum(terms, axis=1), tf.constant(_MASK32, tf.int64))
-    keys = tf.tile(tf.constant([_PROMPT_HASH_KEY], tf.int64), [tf.shape(ids)[0], 1])
-    return derive_seeds(keys, digest)
 
 
 def export_saved_model(
@@ -92,6 +63,7 @@ def export_saved_model(
     jit_compile: bool = True,
     signatures: Optional[Sequence[str]] = None,
     tokenizer=None,
+    text: bool = True,
     num_beams: Optional[int] = None,
     contrastive_top_k: Optional[int] = None,
     prompt_lookup_num_tokens: Optional[int] = None,
@@ -116,8 +88,8 @@ def export_saved_model(
         version: TF Serving version number, the name of the written subdirectory; it must not exist yet.
         jit_compile: True compiles the loop with XLA (TF Serving must then run with XLA enabled, see
             `docs/serving.md`); False exports a plain TF graph that runs on any TF Serving build.
-        signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given and
-            `prompt_lookup` only when the model declares `row_cache_index`).
+        signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given and `text`
+            is true, `prompt_lookup` only when the model declares `row_cache_index`).
         tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`), and
             the tokenizer stop strings are matched with.
         num_beams: beams of the `beam_search` signature (default: the config's `num_beams` when above 1, else 4).
@@ -139,8 +111,9 @@ def export_saved_model(
     An encoder-decoder model (`is_encoder_decoder`, e.g. T5) is exported with the same table signatures, whose
     `input_ids` / `attention_mask` are the encoder input (padded on either side); every row's decoder starts from the
     config's `decoder_start_token_id`, and `sequences` are the decoder's tokens, `[B, 1 + max_new_tokens]`.
-    `prompt_lookup`, `generate_text` and the slot signatures are left out (recorded in `tfgen_export.json` under
-    "encoder_decoder"); naming them, or asking for slots, is a ValueError.
+    T5 has no per-row cache slot (`row_cache_index`), so `prompt_lookup` and the slot signatures stay out as for any
+    such model, and `generate_text` (a decoder-only prompt) is left out; naming them, or asking for slots, is a
+    ValueError. `tfgen_export.json` records the start token under "encoder_decoder".
 
     Returns the version directory. It is written under a temporary name and renamed when complete, so TF
     Serving polling `export_dir` never loads a half-written version.
@@ -153,10 +126,7 @@ def export_saved_model(
         raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
     row_cache_index = bool(getattr(model, "row_cache_index", False))
     encoder_decoder = is_encoder_decoder(model)
-    names = _signature_names(signatures, tokenizer is not None, row_cache_index)
-    if encoder_decoder:
-        names, encoder_left_out = encoder_decoder_names(names, signatures is not None, slots)
-        slots = 0
+    names = _signature_names(signatures, tokenizer is not None and text, row_cache_index, encoder_decoder)
     config = _export_config(model, generation_config, stop_strings)
     if regex is not None or json_schema is not None:
         config.update(regex=regex, json_schema=json_schema)
@@ -213,8 +183,7 @@ def export_saved_model(
             info["structured_inputs"] = {"states": table_sizes[0], "classes": table_sizes[1],
                                          "vocab_size": exporter.vocab_size}
         if encoder_decoder:
-            info["encoder_decoder"] = {"decoder_start_token_id": exporter.decoder_start_token_id,
-                                       "left_out": encoder_left_out}
+            info["encoder_decoder"] = {"decoder_start_token_id": exporter.decoder_start_token_id}
         if exporter.automaton is not None:
             info["constraint"] = constraint_info(config, exporter.automaton, left_out)
             logger.info("%s", constraint_line(info["constraint"]))
@@ -227,17 +196,34 @@ def export_saved_model(
     return version_dir
 
 
-def _signature_names(signatures, has_tokenizer: bool, row_cache_index: bool) -> list[str]:
+def _signature_names(signatures, has_tokenizer: bool, row_cache_index: bool, encoder_decoder: bool) -> list[str]:
+    """The signatures to export: those named, else every one the model can hold (text signatures need a tokenizer
+    and a decoder-only model, whose prompt the text is; `prompt_lookup` needs `row_cache_index`)."""
     if signatures is None:
         return [name for name, spec in SIGNATURES.items()
-                if (has_tokenizer or not spec.text) and (row_cache_index or not spec.row_cache_index)]
+                if (has_tokenizer and not encoder_decoder or not spec.text)
+                and (row_cache_index or not spec.row_cache_index)]
     names = list(dict.fromkeys(signatures))
     unknown = [name for name in names if name not in SIGNATURES]
     if unknown or not names:
         raise ValueError(f"signatures: unknown or none given ({unknown}); available: {sorted(SIGNATURES)}")
-    if not has_tokenizer and any(SIGNATURES[name].text for name in names):
-        raise ValueError("signatures: generate_text needs a tokenizer (pass tokenizer=)")
+    if any(SIGNATURES[name].text for name in names):
+        if encoder_decoder:
+            raise ValueError("signatures: generate_text cannot be exported for an encoder-decoder model (its in-graph "
+                             "tokenizer makes a decoder-only prompt); export the token-id signatures")
+        if not has_tokenizer:
+            raise ValueError("signatures: generate_text needs a tokenizer (pass tokenizer=)")
     return names
+
+
+def _decoder_start(config: GenerationConfig, vocab_size: int) -> int:
+    """An encoder-decoder export's decoder start token (`decoder_start_token_ids`): one id for every row, since a
+    per-row list cannot fit a batch of any size."""
+    ids = decoder_start_token_ids(config, vocab_size)
+    if ids.size != 1:
+        raise ValueError(f"decoder_start_token_id: an encoder-decoder export starts every row from one token id, got "
+                         f"{config.decoder_start_token_id!r}")
+    return int(ids[0])
 
 
 def _export_config(model, generation_config, stop_strings) -> GenerationConfig:
@@ -287,7 +273,7 @@ class _Exporter:
         self.pad_token_id = pad_token_id_of(config, self.vocab_size)
         # An encoder-decoder model's signatures take the encoder input; the decoder starts from one start token.
         self.encoder_decoder = encoder_decoder
-        self.decoder_start_token_id = decoder_start_token_id(config, self.vocab_size) if encoder_decoder else None
+        self.decoder_start_token_id = _decoder_start(config, self.vocab_size) if encoder_decoder else None
         self.module = tf.Module()
         self.module.model_variables = model_variables(model)
         self.tokenizer = tokenizer
@@ -363,7 +349,7 @@ class _Exporter:
         spec = decode_spec(
             config, mode, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
             processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,
-            **({"encoder_decoder": True, "encoder_width": None} if self.encoder_decoder else {}),
+            encoder_decoder=self.encoder_decoder,
         )
         return spec, knobs
 
@@ -377,36 +363,7 @@ class _Exporter:
                 jit_compile=self.jit_compile,
                 autograph=False,
             )
-        decode = self._decoders[spec]
-        if self.encoder_decoder:
-            return encoder_decoder_run(self, decode, spec, knobs, default_row_seeds)
-
-        def run(input_ids, attention_mask, row_inputs: dict) -> dict:
-            batch_size, width = tf.unstack(tf.shape(input_ids))
-            requested = row_inputs.get("max_new_tokens", tf.fill([batch_size], self.buffer_new_tokens))
-            budgets = tf.clip_by_value(requested, 0, self.buffer_new_tokens)
-            if self.max_positions is not None:
-                budgets = tf.minimum(budgets, self.max_positions - tf.reduce_sum(attention_mask, axis=1))
-            run_knobs = {
-                name: tf.cast(row_inputs[name], value.dtype) if name in row_inputs
-                else tf.repeat(tf.constant(value), batch_size, axis=0) if KNOBS[name].per_row
-                else tf.constant(value)
-                for name, value in knobs.items()
-            }
-            seeds = row_inputs["seed"] if "seed" in row_inputs else default_row_seeds(input_ids, attention_mask)
-            result = decode(DecodeInputs(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                start=tf.constant(0, tf.int32),
-                prompt_len=width,
-                max_new_tokens=budgets,
-                row_seeds=seeds,
-                pad_token_id=tf.constant(self.pad_token_id, tf.int32),
-                knobs=run_knobs,
-            ))
-            return {**result, "sequence_lengths": width + result["generated_lengths"]}
-
-        return run
+        return signature_run(self, self._decoders[spec], knobs)
 
 
 def _wire_dtype(name: str) -> tf.DType:

@@ -71,6 +71,13 @@ def _naming_the_file(path: Path | None):
         raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{str(path)!r}: {error}") from None
 
 
+def _generation_source(model_class: type, config_dict: Mapping[str, Any], config) -> Mapping[str, Any]:
+    """The dict a default generation config is derived from: `config_dict` as given, except for an encoder-decoder,
+    where HF derives it from the config object, whose defaults fill absent keys (T5's pad and eos ids; the decoder's
+    start id, too, must be there for generate to begin)."""
+    return {**config_dict, **config.to_dict()} if getattr(model_class, "is_encoder_decoder", False) else config_dict
+
+
 def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: Path | None, read_weights,
                       mapping: Mapping[str, type] = MODEL_FOR_CAUSAL_LM_MAPPING):
     """The model of `config_dict` (read from `config_path`, named in its errors; its class from `mapping`) with the
@@ -81,22 +88,56 @@ def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: 
         config = model_class.config_class.from_dict(config_dict)
         # Before a layer is built or a weight read: a model too large for this host is refused at once.
         config.check_fits_in_memory(policy)
-    if getattr(model_class, "is_encoder_decoder", False):
-        # HF derives it from the config object, whose defaults fill absent keys (T5's pad and eos ids); the decoder's
-        # start id, too, must be there for generate to begin.
-        config_dict = {**config_dict, **config.to_dict()}
-    generation_config = _default_generation_config(directory, config_dict, config_path)
+    generation_config = _default_generation_config(directory, _generation_source(model_class, config_dict, config),
+                                                   config_path)
     model = model_class(config, dtype=dtype)
     model.load_hf_state_dict(read_weights())
     model.generation_config = generation_config
     return model
 
 
-class AutoModelForCausalLM:
-    """Dispatches on `model_type` through `MODEL_FOR_CAUSAL_LM_MAPPING`; use the class methods."""
+class _AutoModel:
+    """What the Auto classes share: loading an HF directory (or Hub id) and `from_config`, both dispatching on
+    `model_type` through the class's `mapping`; a model of the other kind is a ValueError naming its Auto class."""
+
+    mapping: Mapping[str, type]
 
     def __init__(self):
-        raise TypeError("AutoModelForCausalLM is not instantiable; use from_pretrained() or from_config()")
+        raise TypeError(f"{type(self).__name__} is not instantiable; use from_pretrained() or from_config()")
+
+    @classmethod
+    def _from_directory(cls, path_or_repo_id, dtype, policy, **hub_options):
+        """The model of an HF directory or Hub id (`config.json` and safetensors weights)."""
+        directory = resolve_model_directory(path_or_repo_id, **hub_options)
+        config_dict = read_config_dict(directory)
+        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
+                                 lambda: read_safetensors_weights(directory), cls.mapping)
+
+    @classmethod
+    def from_config(cls, config, *, dtype=None):
+        """A randomly initialised model from an HF config dict (dispatching on its `model_type`) or a config
+        object of a registered model (e.g. `GPT2Config`, `T5Config`)."""
+        if isinstance(config, Mapping):
+            model_class = _model_class(config.get("model_type"), cls.mapping)
+            config_dict, config = config, model_class.config_class.from_dict(config)
+        else:
+            model_class = next((model for model in cls.mapping.values() if isinstance(config, model.config_class)),
+                               None)
+            if model_class is None:
+                if any(isinstance(config, model.config_class)
+                       for _, mapping in _AUTO_CLASSES for model in mapping.values()):
+                    _model_class(config.model_type, cls.mapping)  # raises, naming the other Auto class
+                raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
+            config_dict = config.to_dict()
+        model = model_class(config, dtype=dtype)
+        model.generation_config = _default_generation_config(None, _generation_source(model_class, config_dict, config))
+        return model
+
+
+class AutoModelForCausalLM(_AutoModel):
+    """Dispatches on `model_type` through `MODEL_FOR_CAUSAL_LM_MAPPING`; use the class methods."""
+
+    mapping = MODEL_FOR_CAUSAL_LM_MAPPING
 
     @classmethod
     def from_pretrained(
@@ -131,41 +172,15 @@ class AutoModelForCausalLM:
             from tfgen.keras_hub.presets import load_preset_model  # lazy: imports keras-hub
 
             return load_preset_model(path_or_repo_id, dtype=dtype)
-        directory = resolve_model_directory(
-            path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
-        )
-        config_dict = read_config_dict(directory)
-        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
-                                 lambda: read_safetensors_weights(directory))
-
-    @classmethod
-    def from_config(cls, config, *, dtype=None):
-        """A randomly initialised model from an HF config dict (dispatching on its `model_type`) or a config
-        object of a registered model (e.g. `GPT2Config`)."""
-        if isinstance(config, Mapping):
-            model_class = _model_class(config.get("model_type"))
-            config_dict, config = config, model_class.config_class.from_dict(config)
-        else:
-            model_class = next(
-                (model for model in MODEL_FOR_CAUSAL_LM_MAPPING.values() if isinstance(config, model.config_class)),
-                None,
-            )
-            if model_class is None:
-                if any(isinstance(config, model.config_class) for model in MODEL_FOR_SEQ2SEQ_LM_MAPPING.values()):
-                    _model_class(config.model_type)  # raises, naming AutoModelForSeq2SeqLM
-                raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
-            config_dict = config.to_dict()
-        model = model_class(config, dtype=dtype)
-        model.generation_config = _default_generation_config(None, config_dict)
-        return model
+        return cls._from_directory(path_or_repo_id, dtype, policy, revision=revision, cache_dir=cache_dir,
+                                   token=token, local_files_only=local_files_only)
 
 
-class AutoModelForSeq2SeqLM:
+class AutoModelForSeq2SeqLM(_AutoModel):
     """Dispatches on `model_type` through `MODEL_FOR_SEQ2SEQ_LM_MAPPING` (encoder-decoder models: `t5`); use the class
     methods."""
 
-    def __init__(self):
-        raise TypeError("AutoModelForSeq2SeqLM is not instantiable; use from_pretrained() or from_config()")
+    mapping = MODEL_FOR_SEQ2SEQ_LM_MAPPING
 
     @classmethod
     def from_pretrained(
@@ -186,28 +201,8 @@ class AutoModelForSeq2SeqLM:
         if is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id):
             raise ValueError(f"{str(path_or_repo_id)!r} is a GGUF file or keras-hub preset, which hold decoder-only "
                              "models: load it with tfgen.AutoModelForCausalLM")
-        directory = resolve_model_directory(
-            path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
-        )
-        config_dict = read_config_dict(directory)
-        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
-                                 lambda: read_safetensors_weights(directory), MODEL_FOR_SEQ2SEQ_LM_MAPPING)
-
-    @classmethod
-    def from_config(cls, config, *, dtype=None):
-        """A randomly initialised model from an HF config dict (dispatching on its `model_type`) or a config object
-        of a registered encoder-decoder model (`T5Config`)."""
-        if isinstance(config, Mapping):
-            model_class = _model_class(config.get("model_type"), MODEL_FOR_SEQ2SEQ_LM_MAPPING)
-            config = model_class.config_class.from_dict(config)
-        else:
-            model_class = next((model for model in MODEL_FOR_SEQ2SEQ_LM_MAPPING.values()
-                                if isinstance(config, model.config_class)), None)
-            if model_class is None:
-                raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
-        model = model_class(config, dtype=dtype)
-        model.generation_config = _default_generation_config(None, config.to_dict())
-        return model
+        return cls._from_directory(path_or_repo_id, dtype, policy, revision=revision, cache_dir=cache_dir,
+                                   token=token, local_files_only=local_files_only)
 
 
 def load_generation_model(path_or_repo_id: str | os.PathLike, **options):

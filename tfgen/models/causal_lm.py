@@ -1,19 +1,17 @@
 """What tfgen's Keras causal LMs share: the plain forward's inputs, the causal-LM loss, the LM head alone for
-contrastive search, the checks of an HF checkpoint's tensor names and shapes, and `save_pretrained`."""
+contrastive search, and `save_pretrained` (`tfgen.models.hf_weights`)."""
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import keras
-import numpy as np
-import safetensors.numpy
 import tensorflow as tf
 
 from tfgen.generation import TFGenerationMixin
+from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.layers import positions_from_mask
 from tfgen.models.protocol import CacheStepOutput
 
@@ -165,50 +163,7 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
         set) that HF's `AutoModelForCausalLM.from_pretrained` loads."""
-        os.makedirs(directory, exist_ok=True)
-        dtype = keras.backend.standardize_dtype(self.dtype_policy.variable_dtype)
-        config_dict = {**self.config.to_dict(), "torch_dtype": dtype}
-        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as file:
-            json.dump(config_dict, file, indent=2, sort_keys=True)
-        safetensors.numpy.save_file(
-            self.hf_state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"}
-        )
-        if self.generation_config is not None:
-            self.generation_config.save_pretrained(directory)
-
-
-def select_hf_tensors(
-    tensors: Mapping[str, np.ndarray],
-    expected: Mapping[str, tuple],
-    model_name: str,
-    *,
-    optional: Mapping[str, tuple] | None = None,
-    rename: Callable[[str], str] = lambda name: name,
-    ignored: Callable[[str], bool] = lambda name: False,
-) -> dict[str, np.ndarray]:
-    """The checkpoint's tensors by (renamed) HF name, once every name of `expected` (name -> shape) is there with
-    its shape. Names of `optional` are shape-checked and dropped (a tied head's copy); `ignored` names (buffers) are
-    dropped. Otherwise a ValueError lists every missing, unexpected and mis-shaped tensor (nothing is assigned)."""
-    optional = optional or {}
-    provided, unexpected, mismatched = {}, [], {}
-    for name, array in tensors.items():
-        short_name = rename(name)
-        if ignored(short_name):
-            continue
-        shape = expected.get(short_name, optional.get(short_name))
-        if shape is None:
-            unexpected.append(name)
-        elif tuple(array.shape) != tuple(shape):
-            mismatched[short_name] = f"{name}: checkpoint {tuple(array.shape)} vs model {tuple(shape)}"
-        elif short_name in expected:
-            provided[short_name] = array
-    missing = sorted(set(expected) - set(provided) - set(mismatched))
-    if missing or unexpected or mismatched:
-        raise ValueError(
-            f"checkpoint does not match {model_name}: "
-            f"missing={missing}, unexpected={sorted(unexpected)}, shape_mismatch={list(mismatched.values())}"
-        )
-    return provided
+        save_hf_checkpoint(self, directory)
 
 
 class TransposedHeadView:

@@ -83,10 +83,10 @@ def check_activation(config: Any, name: str) -> None:
 
 
 def check_token_ids(config: Any) -> None:
-    """`bos_token_id` / `pad_token_id`: None or an id of the vocabulary; `eos_token_id` may also be a non-empty
-    list of them."""
-    for name in ("bos_token_id", "pad_token_id"):
-        _check_token_id(config, name, getattr(config, name))
+    """`bos_token_id` / `pad_token_id` (and an encoder-decoder config's `decoder_start_token_id`): None or an id of the
+    vocabulary; `eos_token_id` may also be a non-empty list of them."""
+    for name in ("bos_token_id", "pad_token_id", "decoder_start_token_id"):
+        _check_token_id(config, name, getattr(config, name, None))
     if isinstance(config.eos_token_id, (list, tuple)):
         if not config.eos_token_id:
             raise ValueError(f"{field(config, 'eos_token_id')} must not be an empty list (use None for no eos)")

@@ -15,7 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM
+from tfgen.models.hf_weights import select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
     WeightFactory,

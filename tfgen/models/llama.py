@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tfgen.models.attention import attention_masks, grouped_attention
-from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM, select_hf_tensors
+from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM
+from tfgen.models.hf_weights import HFPart, assign_hf_parts, hf_part_arrays, select_hf_tensors
 from tfgen.models.layers import ACTIVATIONS, apply_rotary, dense, query_slots, rms_norm, rotary_cos_sin
 from tfgen.models.llama_config import LlamaConfig
 
@@ -33,23 +33,13 @@ __all__ = ["CausalLMOutput", "LlamaConfig", "LlamaDecoderLayer", "LlamaForCausal
 _IGNORED_HF_BUFFER = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
 
 
-class _HFPart(NamedTuple):
-    """Where one HF tensor lives: `variable`, its `columns` (a slice of the last axis; None = all of it), whether
-    HF stores it transposed (`[out, in]` against our `[in, out]`), and its HF shape."""
-
-    variable: Any
-    columns: slice | None
-    transposed: bool
-    hf_shape: tuple
-
-
 class _Weights:
     """Creates a layer's weights with HF's initialisation and records, per HF tensor name, which part of which
     variable it fills (`parts`)."""
 
     def __init__(self, layer: keras.layers.Layer, config: LlamaConfig, hf_prefix: str):
         self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
-        self.parts: dict[str, _HFPart] = {}
+        self.parts: dict[str, HFPart] = {}
 
     def _add(self, name: str, shape, initializer):
         # No Keras autocast: the code casts explicitly, so `call` and `call_with_cache` compute alike.
@@ -57,14 +47,14 @@ class _Weights:
 
     def norm(self, hf_name: str, dim: int):
         variable = self._add(hf_name.replace(".", "_"), (dim,), "ones")
-        self.parts[self.hf_prefix + hf_name] = _HFPart(variable, None, False, (dim,))
+        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, False, (dim,))
         return variable
 
     def embedding(self, hf_name: str, vocab_size: int, dim: int):
         """A `[dim, vocab]` matrix for HF's `[vocab, dim]` one."""
         initializer = keras.initializers.RandomNormal(stddev=self.config.initializer_range)
         variable = self._add(hf_name.replace(".", "_"), (dim, vocab_size), initializer)
-        self.parts[self.hf_prefix + hf_name] = _HFPart(variable, None, True, (vocab_size, dim))
+        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, True, (vocab_size, dim))
         return variable
 
     def linear(self, module: str, projections: tuple[str, ...], n_in: int, widths: tuple[int, ...], bias: bool):
@@ -77,9 +67,9 @@ class _Weights:
         start = 0
         for projection, width in zip(projections, widths):
             columns, hf_name = slice(start, start + width), f"{self.hf_prefix}{module}.{projection}"
-            self.parts[f"{hf_name}.weight"] = _HFPart(kernel, columns, True, (width, n_in))
+            self.parts[f"{hf_name}.weight"] = HFPart(kernel, columns, True, (width, n_in))
             if bias:
-                self.parts[f"{hf_name}.bias"] = _HFPart(bias_variable, columns, False, (width,))
+                self.parts[f"{hf_name}.bias"] = HFPart(bias_variable, columns, False, (width,))
             start += width
         return kernel, bias_variable
 
@@ -216,24 +206,9 @@ class LlamaForCausalLM(KerasCausalLM):
             tensors, expected, f"LlamaForCausalLM ({self.config.model_type})",
             optional=tied_head if self.config.tie_word_embeddings else None, ignored=_IGNORED_HF_BUFFER.fullmatch,
         )
-        pieces: dict[int, list] = {}
-        for name, array in provided.items():
-            part = self._hf_parts[name]
-            pieces.setdefault(id(part.variable), []).append((part, array))
-        for variable_pieces in pieces.values():
-            variable = variable_pieces[0][0].variable
-            variable_pieces.sort(key=lambda piece: 0 if piece[0].columns is None else piece[0].columns.start)
-            values = [tf.cast(tf.convert_to_tensor(array), variable.dtype) for _, array in variable_pieces]
-            values = [tf.transpose(value) if part.transposed else value
-                      for (part, _), value in zip(variable_pieces, values)]
-            variable.assign(values[0] if len(values) == 1 else tf.concat(values, axis=-1))
+        assign_hf_parts(self._hf_parts, provided)
 
     def hf_state_dict(self) -> dict[str, np.ndarray]:
         """The weights under HF names and layouts (`[out, in]` kernels, q/k/v and gate/up split again; a tied
         `lm_head.weight` omitted, as HF saves it)."""
-        arrays = {}
-        for name, part in self._hf_parts.items():
-            value = keras.ops.convert_to_numpy(part.variable)
-            value = value if part.columns is None else value[..., part.columns]
-            arrays[name] = np.ascontiguousarray(value.T if part.transposed else value)
-        return arrays
+        return hf_part_arrays(self._hf_parts)

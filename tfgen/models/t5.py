@@ -18,19 +18,17 @@ beam reorder within a prompt only needs to reorder `"decoder"` (gathering the wh
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import keras
 import numpy as np
-import safetensors.numpy
 import tensorflow as tf
 
 from tfgen.generation import TFGenerationMixin
 from tfgen.models.attention import attention_masks
-from tfgen.models.causal_lm import select_hf_tensors
+from tfgen.models.hf_weights import assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
 from tfgen.models.protocol import CacheStepOutput
 from tfgen.models.t5_config import T5Config
@@ -262,40 +260,17 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
         if different:
             raise ValueError(f"checkpoint does not match T5ForConditionalGeneration: {different} differ from "
                              "shared.weight, but this model's embeddings (and tied head) are one matrix")
-        pieces: dict[int, list] = {}
-        for name, array in provided.items():
-            part = self.hf_parts[name]
-            pieces.setdefault(id(part.variable), []).append((part, array))
-        for variable_pieces in pieces.values():
-            variable = variable_pieces[0][0].variable
-            variable_pieces.sort(key=lambda piece: 0 if piece[0].columns is None else piece[0].columns.start)
-            values = [tf.cast(tf.convert_to_tensor(array), variable.dtype) for _, array in variable_pieces]
-            values = [tf.transpose(value) if part.transposed else value
-                      for (part, _), value in zip(variable_pieces, values)]
-            variable.assign(values[0] if len(values) == 1 else tf.concat(values, axis=-1))
+        assign_hf_parts(self.hf_parts, provided)
 
     def hf_state_dict(self) -> dict[str, np.ndarray]:
         """The weights under HF names and layouts (`[out, in]` kernels, fused projections split again; the shared
         embedding once, as `shared.weight`, and `lm_head.weight` only when untied, as HF saves them)."""
-        arrays = {}
-        for name, part in self.hf_parts.items():
-            value = keras.ops.convert_to_numpy(part.variable)
-            value = value if part.columns is None else value[..., part.columns]
-            arrays[name] = np.ascontiguousarray(value.T if part.transposed else value)
-        return arrays
+        return hf_part_arrays(self.hf_parts)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
         set) that HF's `T5ForConditionalGeneration.from_pretrained` loads."""
-        os.makedirs(directory, exist_ok=True)
-        dtype = keras.backend.standardize_dtype(self.dtype_policy.variable_dtype)
-        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as file:
-            json.dump({**self.config.to_dict(), "torch_dtype": dtype}, file, indent=2, sort_keys=True)
-        safetensors.numpy.save_file(
-            self.hf_state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"}
-        )
-        if self.generation_config is not None:
-            self.generation_config.save_pretrained(directory)
+        save_hf_checkpoint(self, directory)
 
     @classmethod
     def from_pretrained(cls, path_or_repo_id: str | os.PathLike, *, dtype=None, **options):

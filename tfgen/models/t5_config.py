@@ -15,7 +15,6 @@ from typing import Any
 
 from tfgen.models import config_checks as checks
 from tfgen.models.layers import ACTIVATIONS
-from tfgen.value_types import is_integer
 
 MODEL_TYPES = ("t5",)
 ARCHITECTURE = "T5ForConditionalGeneration"
@@ -114,12 +113,6 @@ class T5Config:
         if isinstance(self.eos_token_id, list):  # a frozen dataclass: keep a list field from being shared
             object.__setattr__(self, "eos_token_id", list(self.eos_token_id))
         checks.check_token_ids(self)
-        start = self.decoder_start_token_id
-        if start is not None and not is_integer(start):
-            raise TypeError(f"T5Config.decoder_start_token_id must be an int token id or None, got {start!r}")
-        if start is not None and not 0 <= start < self.vocab_size:
-            raise ValueError(f"T5Config.decoder_start_token_id={start} is outside the vocabulary "
-                             f"[0, {self.vocab_size})")
 
     # HF's attribute_map aliases, so code written for decoder-only configs reads the same sizes.
     @property

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfgen.models.hf_weights import HFPart
 from tfgen.models.layers import ACTIVATIONS, dense, rms_norm, write_slots
 from tfgen.models.t5_config import T5Config
 
@@ -93,16 +94,6 @@ def split_heads(x: tf.Tensor, heads: int) -> tf.Tensor:
     # it unknown too.
     head_dim = -1 if x.shape[-1] is None else x.shape[-1] // heads
     return tf.transpose(tf.reshape(x, [tf.shape(x)[0], tf.shape(x)[1], heads, head_dim]), [0, 2, 1, 3])
-
-
-class HFPart(NamedTuple):
-    """Where one HF tensor lives: `variable`, its `columns` (a slice of the last axis; None = all of it), whether HF
-    stores it transposed (`[out, in]` against our `[in, out]`), and its HF shape."""
-
-    variable: Any
-    columns: slice | None
-    transposed: bool
-    hf_shape: tuple
 
 
 class T5Weights:

@@ -1,0 +1,101 @@
+"""HF checkpoints and tfgen's Keras models: which part of which variable each HF tensor fills (`HFPart`), checking a
+checkpoint's names and shapes against them, assigning it (transposing and fusing) and writing it back in HF's layout
+(`save_pretrained`). Shared by GPT-2, the Llama family and T5."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import safetensors.numpy
+import tensorflow as tf
+
+
+class HFPart(NamedTuple):
+    """Where one HF tensor lives: `variable`, its `columns` (a slice of the last axis; None = all of it), whether
+    HF stores it transposed (`[out, in]` against our `[in, out]`), and its HF shape."""
+
+    variable: Any
+    columns: slice | None
+    transposed: bool
+    hf_shape: tuple
+
+
+def select_hf_tensors(
+    tensors: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple],
+    model_name: str,
+    *,
+    optional: Mapping[str, tuple] | None = None,
+    rename: Callable[[str], str] = lambda name: name,
+    ignored: Callable[[str], bool] = lambda name: False,
+) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors by (renamed) HF name, once every name of `expected` (name -> shape) is there with
+    its shape. Names of `optional` are shape-checked and dropped (a tied head's copy); `ignored` names (buffers) are
+    dropped. Otherwise a ValueError lists every missing, unexpected and mis-shaped tensor (nothing is assigned)."""
+    optional = optional or {}
+    provided, unexpected, mismatched = {}, [], {}
+    for name, array in tensors.items():
+        short_name = rename(name)
+        if ignored(short_name):
+            continue
+        shape = expected.get(short_name, optional.get(short_name))
+        if shape is None:
+            unexpected.append(name)
+        elif tuple(array.shape) != tuple(shape):
+            mismatched[short_name] = f"{name}: checkpoint {tuple(array.shape)} vs model {tuple(shape)}"
+        elif short_name in expected:
+            provided[short_name] = array
+    missing = sorted(set(expected) - set(provided) - set(mismatched))
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"checkpoint does not match {model_name}: "
+            f"missing={missing}, unexpected={sorted(unexpected)}, shape_mismatch={list(mismatched.values())}"
+        )
+    return provided
+
+
+def assign_hf_parts(parts: Mapping[str, HFPart], provided: Mapping[str, np.ndarray]) -> None:
+    """Assigns each checked HF tensor of `provided` (what `select_hf_tensors` returns) to its part of `parts`:
+    transposed where HF stores `[out, in]`, the parts of one fused variable concatenated in column order, cast to
+    the variable's dtype (bfloat16 -> float32 is exact)."""
+    pieces: dict[int, list] = {}
+    for name, array in provided.items():
+        part = parts[name]
+        pieces.setdefault(id(part.variable), []).append((part, array))
+    for variable_pieces in pieces.values():
+        variable = variable_pieces[0][0].variable
+        variable_pieces.sort(key=lambda piece: 0 if piece[0].columns is None else piece[0].columns.start)
+        values = [tf.cast(tf.convert_to_tensor(array), variable.dtype) for _, array in variable_pieces]
+        values = [tf.transpose(value) if part.transposed else value
+                  for (part, _), value in zip(variable_pieces, values)]
+        variable.assign(values[0] if len(values) == 1 else tf.concat(values, axis=-1))
+
+
+def hf_part_arrays(parts: Mapping[str, HFPart]) -> dict[str, np.ndarray]:
+    """Every part of `parts` as a numpy array under its HF name, in HF's layout (fused variables split again)."""
+    arrays = {}
+    for name, part in parts.items():
+        value = keras.ops.convert_to_numpy(part.variable)
+        value = value if part.columns is None else value[..., part.columns]
+        arrays[name] = np.ascontiguousarray(value.T if part.transposed else value)
+    return arrays
+
+
+def save_hf_checkpoint(model, directory: str | os.PathLike) -> None:
+    """Writes `model`'s `config.json` (its config's `to_dict()` plus `torch_dtype`) and `model.safetensors`
+    (`model.hf_state_dict()`), plus `generation_config.json` when `model.generation_config` is set: what HF's
+    `from_pretrained` of the same architecture loads."""
+    os.makedirs(directory, exist_ok=True)
+    dtype = keras.backend.standardize_dtype(model.dtype_policy.variable_dtype)
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as file:
+        json.dump({**model.config.to_dict(), "torch_dtype": dtype}, file, indent=2, sort_keys=True)
+    safetensors.numpy.save_file(
+        model.hf_state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"}
+    )
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(directory)
