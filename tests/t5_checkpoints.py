@@ -122,3 +122,28 @@ def word_level_t5_tokenizer():
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     return Tokenizer(backend, eos_token="</s>", pad_token="<pad>")
+
+
+def unigram_t5_tokenizers():
+    """(tfgen `Tokenizer`, HF `PreTrainedTokenizerFast`) of one SentencePiece-style vocabulary (Unigram pieces under a
+    Metaspace pre-tokenizer and decoder, the kind of T5's own tokenizer) over the tiny T5's 99 ids: <pad>=0, </s>=1,
+    <unk>=2, "▁"=3, the letters, then "▁"-prefixed two-letter words. HF's stop strings need a vocabulary that spells
+    text (a word-level one makes HF raise)."""
+    import itertools
+
+    import tokenizers
+    import transformers
+
+    from tfgen import Tokenizer
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0), *((letter, -2.0) for letter in letters)]
+    words = (f"▁{first}{second}" for first, second in itertools.product(letters, "aeiou"))
+    pieces += [(word, -1.5) for word in itertools.islice(words, 99 - len(pieces))]
+    backend = tokenizers.Tokenizer(tokenizers.models.Unigram(pieces, unk_id=2, byte_fallback=False))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    backend.decoder = tokenizers.decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    ours = Tokenizer(backend, eos_token="</s>", pad_token="<pad>")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>",
+                                              unk_token="<unk>")
+    return ours, hf

@@ -16,7 +16,7 @@ from tfgen.config import GenerationConfig
 from tfgen.decoding.strategies import strategy_for
 from tfgen.decoding.transition_scores import compute_transition_scores
 from tfgen.outputs import package_outputs
-from tfgen.programs import ChunkedProgram, announce_compile, generate_program, program_cache
+from tfgen.programs import ChunkedProgram, announce_compile, encode_ahead, generate_program, program_cache
 from tfgen.request import DEFAULT_BUCKETS, BucketPolicy, Request, prepare_request
 from tfgen.streaming import BaseStreamer, TokenCallbackStreamer
 
@@ -58,6 +58,8 @@ class TFGenerationMixin:
                 side) and starts its decoder from `decoder_input_ids=` `[batch, W]` (keyword; default one
                 `decoder_start_token_id` per row, prepended when no row starts with it) under
                 `decoder_attention_mask=` (left padded; default all ones); the returned tokens are the decoder's.
+                `encoder_outputs=` (keyword; HF's `BaseModelOutput`, or its `last_hidden_state` `[batch, S, d_model]`)
+                replaces running the encoder; `inputs` may then be left out (the encoder-side processors need it).
             generation_config: a `GenerationConfig`; defaults to the model's. Keyword arguments override its
                 attributes (`max_new_tokens=`, `do_sample=`, `top_p=` ...); an unknown keyword is an error.
             logits_processor: callables `(input_ids [B, L], scores [B, V], cur_len) -> scores` run inside the
@@ -83,13 +85,17 @@ class TFGenerationMixin:
             `pad_token_id` after a row finished; or with `return_dict_in_generate=True` a
             `GenerateDecoderOnlyOutput` with `sequences` and, when asked, `scores` / `logits` (one
             `[batch * num_return_sequences, vocab]` tensor per generated step); for an encoder-decoder model HF's
-            `GenerateEncoderDecoderOutput` / `GenerateBeamEncoderDecoderOutput` names.
+            `GenerateEncoderDecoderOutput` / `GenerateBeamEncoderDecoderOutput` names, with `encoder_hidden_states`
+            (`num_layers + 1` `[batch, S, d_model]`) under `output_hidden_states=True` (the decoder's are not
+            returned: warned).
         """
         began = time.monotonic()
         request = prepare_request(
             self, inputs, generation_config=generation_config, logits_processor=logits_processor, seed=seed,
             tokenizer=tokenizer, stopping_criteria=stopping_criteria, stacklevel=3, **kwargs,
         )
+        if request.encode_ahead:
+            request = encode_ahead(self, request, jit_compile)
         if streamer is not None or request.max_time is not None:
             streamer = None if streamer is None else _as_streamer(streamer, request)
             return self._generate_in_chunks(request, streamer, jit_compile, deadline=began + (request.max_time or 0))

@@ -64,12 +64,18 @@ class GenerateBeamDecoderOnlyOutput(_Output):
 @dataclasses.dataclass
 class GenerateEncoderDecoderOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` of an encoder-decoder model (HF's name): `sequences` are the decoder's tokens,
-    from its start token on."""
+    from its start token on. encoder_hidden_states: with `output_hidden_states`, HF's tuple of `num_layers + 1`
+    float32 `[batch, S, d_model]` (one row per prompt: the embeddings, each block's input, the final output)."""
+
+    encoder_hidden_states: Optional[tuple] = None
 
 
 @dataclasses.dataclass
 class GenerateBeamEncoderDecoderOutput(GenerateBeamDecoderOnlyOutput):
-    """`GenerateBeamDecoderOnlyOutput` of an encoder-decoder model (HF's name)."""
+    """`GenerateBeamDecoderOnlyOutput` of an encoder-decoder model (HF's name), with `encoder_hidden_states` as
+    `GenerateEncoderDecoderOutput`'s."""
+
+    encoder_hidden_states: Optional[tuple] = None
 
 
 def package_outputs(request, result: dict):
@@ -102,6 +108,8 @@ def package_outputs(request, result: dict):
 
     fields = dict(sequences=sequences, scores=per_step("scores"), logits=per_step("logits"),
                   structured_complete=None if complete is None else tf.constant(complete))
+    if request.inputs.encoder:
+        fields["encoder_hidden_states"] = request.encoder_hidden_states
     if "sequences_scores" not in result:
         return (GenerateEncoderDecoderOutput if request.inputs.encoder else GenerateDecoderOnlyOutput)(**fields)
     beam_indices = result.get("beam_indices")

@@ -87,6 +87,28 @@ def generate_program(model, request: Request, jit_compile: bool = True):
     )
 
 
+def encode_ahead(model, request: Request, jit_compile: bool = True) -> Request:
+    """Runs an encoder-decoder request's encoder before its generate program (`request.encode_ahead`: the call asked
+    for `output_hidden_states`): one cached program per encoder shape returns every layer's states. Returns the request
+    with the encoder's output in `inputs.encoder.hidden_states` (the program then does not encode again) and HF's
+    `encoder_hidden_states` (`num_layers + 1` float32 `[prompts, S, D]`, bucket rows and columns cut)."""
+    encoder = request.inputs.encoder
+    program, is_new = cached_program(
+        model, ("encode", tuple(encoder.input_ids.shape)),
+        lambda ids, mask: model.encode(ids, mask, output_hidden_states=True),
+        [specs_of(encoder.input_ids), specs_of(encoder.attention_mask)], jit_compile,
+    )
+    with announce_compile(request, is_new and jit_compile, what="the encoder"):
+        output, layers = program(encoder.input_ids, encoder.attention_mask)
+    # One row per prompt: sampling's num_return_sequences copies (made on the host) share their encoder input.
+    prompt_rows = tf.range(0, request.batch_size, request.host_copies)
+    start = int(encoder.start)
+    states = tuple(tf.cast(tf.gather(layer, prompt_rows)[:, start:], tf.float32) for layer in layers)
+    encoder = encoder._replace(hidden_states=tf.cast(output, tf.float32))
+    return dataclasses.replace(request, inputs=request.inputs._replace(encoder=encoder),
+                               encoder_hidden_states=states, encode_ahead=False)
+
+
 class ChunkedProgram:
     """The chunked form of a request's loop (streaming, `max_time`): `run(inputs, state, first)` ->
     `(state, finished)` runs up to `chunk_steps` steps (starting the loop when `first`), and

@@ -24,11 +24,12 @@ from tfgen.decoding.loop import DecodeSpec
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import strategy_for
 from tfgen.encoder_request import (
-    DECODER_INPUTS,
+    ENCODER_DECODER_INPUTS,
     encoder_decoder_prompt,
     is_encoder_decoder,
     padded_encoder_inputs,
-    refuse_decoder_inputs,
+    refuse_encoder_decoder_inputs,
+    returned_encoder_states,
 )
 from tfgen.knobs import KNOBS
 from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
@@ -48,7 +49,7 @@ _GRAMMAR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, Generatio
 # What encoder-decoder models do not run (yet): drafting needs a decoder-only assistant, constraints HF's scorer.
 _NO_ENCODER_MODES = (GenerationMode.ASSISTED_GENERATION, GenerationMode.CONSTRAINED_BEAM_SEARCH)
 # generate() keywords that are not GenerationConfig attributes.
-MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", *DECODER_INPUTS)
+MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", *ENCODER_DECODER_INPUTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,13 @@ class Request:
     max_time: Optional[float] = None
     #: The `regex` / `json_schema` automaton (`tfgen.structured.automaton.TokenAutomaton`), or None.
     automaton: Any = None
+    #: Rows the host made of each prompt before the program (`num_return_sequences` of sampling), else 1.
+    host_copies: int = 1
+    #: An encoder-decoder request asking for `output_hidden_states`: `encoder_hidden_states` to return (HF's tuple of
+    #: float32 `[prompts, S, D]`), or None; `encode_ahead`: they are still to be computed (`tfgen.programs.encode_ahead`
+    #: runs the encoder before the program and hands it the output).
+    encoder_hidden_states: Optional[tuple] = None
+    encode_ahead: bool = False
 
     def with_budgets(self, budgets) -> "Request":
         """The same request with per-row budgets `budgets` int `[batch_size]` (each at most `max_new_tokens`);
@@ -302,9 +310,9 @@ def prepare_request(
     input_ids = pop_input_ids(inputs, options)
     attention_mask = options.pop("attention_mask", None)
     encoder_decoder = is_encoder_decoder(model)
-    decoder_inputs = {name: options.pop(name) for name in DECODER_INPUTS if name in options}
+    decoder_inputs = {name: options.pop(name) for name in ENCODER_DECODER_INPUTS if name in options}
     if not encoder_decoder:
-        refuse_decoder_inputs(decoder_inputs)
+        refuse_encoder_decoder_inputs(decoder_inputs)
     assistant_model = options.pop("assistant_model", None)
     user_criteria, criteria_options, tokenizer = split_stopping_criteria(
         stopping_criteria, base_config(model, generation_config), options, tokenizer
@@ -318,12 +326,11 @@ def prepare_request(
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
 
-    encoder_ids = encoder_mask = None
+    encoder = None  # the EncoderDecoderPrompt of an encoder-decoder model
     if encoder_decoder:
-        prompt = encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs, config, vocab_size, pad_token_id,
-                                        eos_ids)
-        encoder_ids, encoder_mask = prompt.input_ids, prompt.attention_mask
-        input_ids, attention_mask = prompt.decoder_input_ids, prompt.decoder_attention_mask
+        encoder = encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs, config, model_config, pad_token_id,
+                                         eos_ids)
+        input_ids, attention_mask = encoder.decoder_input_ids, encoder.decoder_attention_mask
     else:
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
                                                  stacklevel=stacklevel + 1)
@@ -347,15 +354,15 @@ def prepare_request(
     num_return = int(config.num_return_sequences or 1)
     buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
     expanded_batch = batch_size * num_return if strategy.host_expands_return_sequences else batch_size
-    encoder_width = None if encoder_ids is None else buckets.prompt_length(encoder_ids.shape[1])
+    encoder_width = None if encoder is None else buckets.prompt_length(encoder.input_ids.shape[1])
     check_request_fits(model, config, mode, buckets.batch(expanded_batch),
                        buckets.prompt_length(prompt_len) + buckets.new_tokens(max_new_tokens), encoder_width)
-    if num_return > 1 and strategy.host_expands_return_sequences:
+    host_copies = num_return if strategy.host_expands_return_sequences else 1
+    if host_copies > 1:
         input_ids = np.repeat(input_ids, num_return, axis=0)
         attention_mask = np.repeat(attention_mask, num_return, axis=0)
-        if encoder_decoder:
-            encoder_ids = np.repeat(encoder_ids, num_return, axis=0)
-            encoder_mask = np.repeat(encoder_mask, num_return, axis=0)
+        if encoder is not None:
+            encoder = encoder.repeated(num_return)
         copies = np.tile(np.arange(num_return), batch_size)
         row_seeds = derive_seeds(np.repeat(row_seeds, num_return, axis=0), copies).numpy()
         batch_size *= num_return
@@ -381,6 +388,8 @@ def prepare_request(
         tokenizer=tokenizer, stopping_criteria=user_criteria, assistant_model=assistant_model,
         encoder_decoder=encoder_decoder, encoder_width=encoder_width,
     )
+    hidden_states_out, encode_ahead = returned_encoder_states(encoder, config, stacklevel=stacklevel + 1)
+    spec = dataclasses.replace(spec, encoder_states_given=encode_ahead or getattr(encoder, "states", None) is not None)
     decode_inputs = DecodeInputs(
         input_ids=tf.constant(ids),
         attention_mask=tf.constant(mask),
@@ -390,8 +399,7 @@ def prepare_request(
         row_seeds=tf.constant(seeds),
         pad_token_id=tf.constant(pad_token_id, tf.int32),
         knobs={name: tf.constant(value) for name, value in knobs.items()},
-        encoder=() if encoder_ids is None else padded_encoder_inputs(encoder_ids, encoder_mask, padded_batch, encoder_width,
-                                                               pad_token_id),
+        encoder=() if encoder is None else padded_encoder_inputs(encoder, padded_batch, encoder_width, pad_token_id),
     )
     return Request(
         spec=spec,
@@ -403,5 +411,8 @@ def prepare_request(
         return_dict=bool(config.return_dict_in_generate),
         max_time=config.max_time,
         automaton=automaton,
+        host_copies=host_copies,
+        encoder_hidden_states=hidden_states_out,
+        encode_ahead=encode_ahead,
     )
 

@@ -38,7 +38,6 @@ _FIXED_DRAFTS = ("tfgen drafts a fixed number of tokens per round (`num_assistan
 #: `get_generation_mode`).
 REFUSED: dict[str, Refusal] = {
     "output_attentions": Refusal(_true, "the compiled loop does not return attention weights"),
-    "output_hidden_states": Refusal(_true, "the compiled loop does not return hidden states"),
     "use_cache": Refusal(lambda value: value is False, "the compiled loop always decodes over its static KV cache"),
     "cache_implementation": Refusal(_differs("static"), "tfgen has one cache: a static, padded KV buffer ('static')"),
     "cache_config": Refusal(_not_none, "tfgen's static KV cache takes no configuration"),
@@ -58,6 +57,13 @@ REFUSED: dict[str, Refusal] = {
 }
 
 
+#: Options only an encoder-decoder model honours (its encoder's hidden states are computed before the loop).
+DECODER_ONLY_REFUSED: dict[str, Refusal] = {
+    "output_hidden_states": Refusal(_true, "the compiled loop does not return a decoder-only model's hidden states "
+                                           "(an encoder-decoder model returns its encoder's)"),
+}
+
+
 #: Options only an encoder-decoder model acts on (a decoder-only model has no encoder input, nor a decoder start).
 ENCODER_DECODER_ONLY: dict[str, Refusal] = {
     "encoder_no_repeat_ngram_size": Refusal(
@@ -72,7 +78,7 @@ ENCODER_DECODER_ONLY: dict[str, Refusal] = {
 def refuse_unsupported(config, *, encoder_decoder: bool = False) -> None:
     """Raises ValueError naming the first option of `config` that asks for something tfgen does not do (for a
     decoder-only model unless `encoder_decoder`, the options only encoder-decoder models act on, too)."""
-    refused = REFUSED if encoder_decoder else {**REFUSED, **ENCODER_DECODER_ONLY}
+    refused = REFUSED if encoder_decoder else {**REFUSED, **DECODER_ONLY_REFUSED, **ENCODER_DECODER_ONLY}
     for name, refusal in refused.items():
         value = getattr(config, name, None)
         if refusal.is_set(value):

@@ -20,11 +20,14 @@ class EncoderInputs(NamedTuple):
     input_ids, attention_mask: int32 `[B, S]`; the columns before `start` are bucket padding (masked), the caller's
         own padding (left or right) is masked by the caller's mask.
     start: int32 scalar, the column where the caller's encoder input begins.
+    hidden_states: float32 `[B, S, D]`, the encoder's output when it was computed before the program (the caller's
+        `encoder_outputs`, or tfgen's own run that returns every layer's states), else `()`: the program encodes.
     """
 
     input_ids: tf.Tensor
     attention_mask: tf.Tensor
     start: tf.Tensor
+    hidden_states: Any = ()
 
 
 class DecodeInputs(NamedTuple):
@@ -159,11 +162,14 @@ def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_score
 
 def start_cache(model, inputs: DecodeInputs, batch_size, total):
     """The model's empty cache of `total` slots for `batch_size` rows; for an encoder-decoder model the encoder runs
-    here, once, and its cross-attention keys and values are projected into the cache (`init_cache`'s keywords)."""
+    here, once (unless its output came with the inputs), and its cross-attention keys and values are projected into
+    the cache (`init_cache`'s keywords)."""
     if not inputs.encoder:
         return model.init_cache(batch_size, total)
     encoder = inputs.encoder
-    hidden = model.encode(encoder.input_ids, encoder.attention_mask)
+    hidden = encoder.hidden_states
+    if isinstance(hidden, tuple):
+        hidden = model.encode(encoder.input_ids, encoder.attention_mask)
     return model.init_cache(batch_size, total, encoder_hidden_states=hidden,
                             encoder_attention_mask=encoder.attention_mask)
 

@@ -58,6 +58,9 @@ class DecodeSpec:
     #: An encoder-decoder model's encoder input columns (`DecodeInputs.encoder`; None: decoder-only, or any width in
     #: an export).
     encoder_width: Optional[int] = None
+    #: Whether the encoder's output comes with the inputs (`EncoderInputs.hidden_states`) rather than being computed
+    #: in the program.
+    encoder_states_given: bool = False
 
     def option(self, name: str, default: Any = None) -> Any:
         """The strategy option `name` (see `options`)."""

@@ -105,21 +105,27 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
         x = tf.transpose(tf.gather(self.shared, tf.cast(input_ids, tf.int32), axis=1), [1, 2, 0])
         return tf.cast(x, self.compute_dtype)
 
-    def encode(self, input_ids, attention_mask=None) -> tf.Tensor:
+    def encode(self, input_ids, attention_mask=None, output_hidden_states: bool = False):
         """The encoder stack's output after its final norm, `[B, S, D]` in the compute dtype, of int `input_ids`
         `[B, S]` under `attention_mask` `[B, S]` (1 = real token; default all ones). Padding may sit on either side:
         masked keys are never attended, and the relative bias sees only differences of positions, which padding on
-        one side shifts alike. Padding positions get finite values of no meaning."""
+        one side shifts alike. Padding positions get finite values of no meaning.
+
+        With `output_hidden_states`, returns `(output, hidden_states)`: HF's `hidden_states`, a tuple of
+        `num_layers + 1` `[B, S, D]` — each block's input (the embeddings first), then `output`."""
         input_ids = tf.cast(input_ids, tf.int32)
         mask = tf.ones_like(input_ids) if attention_mask is None else attention_mask
         x = self._embed(input_ids)
         slots = tf.range(tf.shape(input_ids)[1])
         blocks = [(position_bias(self.encoder_bias, self.encoder_buckets, slots, slots, x.dtype),
                    tf.cast(mask, tf.bool)[:, tf.newaxis, tf.newaxis, :])]
+        block_inputs = []
         for block in self.encoder_blocks:
+            block_inputs.append(x)
             x, _ = block.self_attention(x, blocks)
             x = block.feed_forward(x)
-        return rms_norm(x, self.encoder_norm, self.config.layer_norm_epsilon)
+        output = rms_norm(x, self.encoder_norm, self.config.layer_norm_epsilon)
+        return (output, (*block_inputs, output)) if output_hidden_states else output
 
     # ----------------------------------------------------------------------------------------- decoder
 
