@@ -51,19 +51,24 @@ def hf_reference(options, scores, cur_len, *, prompt_len=PROMPT_LEN, buffer=BUFF
     eos = config.eos_token_id
     config._eos_token_tensor = None if eos is None else torch.tensor(np.atleast_1d(eos))
     processors = _HFGenerator()._get_logits_processor(
-        config, input_ids_seq_length=prompt_len, logits_processor=LogitsProcessorList(user_processors), device="cpu"
+        config, input_ids_seq_length=prompt_len, logits_processor=LogitsProcessorList(user_processors), device="cpu",
+        # A decoder-only model's `encoder_input_ids` are its prompt (HF's generate passes the prompt tensor).
+        encoder_input_ids=torch.from_numpy(buffer[:, START : START + prompt_len].astype(np.int64)),
     )
     input_ids = torch.from_numpy(buffer[:, START : START + cur_len].astype(np.int64))
     return processors(input_ids, torch.from_numpy(scores.copy())).numpy()
 
 
 def context(cur_len, *, prompt_len=PROMPT_LEN, max_length=20, buffer=BUFFER) -> ProcessorContext:
+    # HF's `encoder_input_ids` of a decoder-only model: its prompt (the columns before START are not HF's).
+    prompt = np.where(np.arange(START + prompt_len) >= START, buffer[:, : START + prompt_len], -1)
     return ProcessorContext(
         sequences=tf.constant(buffer),
         start=tf.constant(START),
         cur_len=tf.constant(cur_len),
         prompt_len=tf.constant(prompt_len),
         max_length=tf.constant(np.broadcast_to(np.int32(max_length), [buffer.shape[0]])),
+        encoder_ids=tf.constant(prompt.astype(np.int32)),
     )
 
 
@@ -84,6 +89,8 @@ SAMPLE = dict(do_sample=True, top_k=0)
 CASES = {
     "repetition_penalty": dict(repetition_penalty=1.4),
     "repetition_reward": dict(repetition_penalty=0.7),
+    "encoder_repetition_penalty": dict(encoder_repetition_penalty=1.6),
+    "encoder_repetition_reward": dict(encoder_repetition_penalty=0.6),
     "no_repeat_unigram": dict(no_repeat_ngram_size=1),
     "no_repeat_bigram": dict(no_repeat_ngram_size=2),
     "no_repeat_trigram": dict(no_repeat_ngram_size=3),

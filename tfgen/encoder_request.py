@@ -62,9 +62,9 @@ def refuse_encoder_decoder_inputs(given: dict) -> None:
             raise ValueError(f"{name}: the model is decoder-only (it has no encoder); pass its prompt as input_ids.")
 
 
-def encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs: dict, config: GenerationConfig, model_config,
+def encoder_decoder_prompt(input_ids, attention_mask, given: dict, config: GenerationConfig, model_config,
                            pad_token_id: int, eos_ids) -> EncoderDecoderPrompt:
-    """Checks the encoder input and resolves the decoder prompt from `decoder_inputs` (`ENCODER_DECODER_INPUTS` a call
+    """Checks the encoder input and resolves the decoder prompt from `given` (`ENCODER_DECODER_INPUTS` a call
     gave) for a model of `model_config` (its `vocab_size`, `d_model`).
 
     The encoder mask is inferred from pad ids by HF's rule when absent, and may pad either side. Beside
@@ -73,11 +73,11 @@ def encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs: dict, conf
     from `decoder_start_token_ids(config)` (one per row when a list); `decoder_input_ids` that do not start with it in
     any row get it prepended, as HF does. A decoder mask is all ones unless given (HF never infers it: T5's start
     token is its pad token) and must be left padded."""
-    decoder_input_ids = decoder_inputs.get("decoder_input_ids")
-    decoder_attention_mask = decoder_inputs.get("decoder_attention_mask")
+    decoder_input_ids = given.get("decoder_input_ids")
+    decoder_attention_mask = given.get("decoder_attention_mask")
     vocab_size, encoder_states = int(model_config.vocab_size), None
-    if decoder_inputs.get("encoder_outputs") is not None:
-        encoder_states = encoder_states_of(decoder_inputs["encoder_outputs"], int(model_config.d_model))
+    if given.get("encoder_outputs") is not None:
+        encoder_states = encoder_states_of(given["encoder_outputs"], int(model_config.d_model))
         refuse_encoder_processors_without_ids(config, input_ids)
     if encoder_states is None:
         ids = check_input_ids(input_ids, vocab_size)
@@ -134,8 +134,8 @@ def _inputs_beside_states(input_ids, attention_mask, encoder_states: EncoderStat
 
 
 def encoder_states_of(encoder_outputs, hidden_size: int) -> EncoderStates:
-    """The caller's `encoder_outputs` as HF's generate takes them — an object or mapping with `last_hidden_state` (HF's
-    `BaseModelOutput`; its `hidden_states` are kept), a tuple whose first entry is that array, or the array itself
+    """The caller's `encoder_outputs` as HF's generate takes them — an object or mapping with `last_hidden_state`
+    (HF's `BaseModelOutput`; its `hidden_states` are kept), a tuple whose first entry is that array, or the array itself
     `[B, S, hidden_size]` (numpy, TF or CPU torch) — as float32 `EncoderStates`; ValueError / TypeError naming
     `encoder_outputs` when they cannot be the model's encoder output."""
     hidden_states = None
@@ -181,8 +181,8 @@ def returned_encoder_states(prompt: Optional[EncoderDecoderPrompt], config: Gene
     if encoder_states is None:
         return None, True
     if encoder_states.hidden_states is None:
-        warnings.warn("output_hidden_states: the encoder_outputs given carry no hidden_states, so encoder_hidden_states "
-                      "is None (as in HF).", UserWarning, stacklevel=stacklevel)
+        warnings.warn("output_hidden_states: the encoder_outputs given carry no hidden_states, so "
+                      "encoder_hidden_states is None (as in HF).", UserWarning, stacklevel=stacklevel)
         return None, False
     shape = encoder_states.last_hidden_state.shape
     layers = tuple(_float_array(layer, "encoder_outputs.hidden_states") for layer in encoder_states.hidden_states)

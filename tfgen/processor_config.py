@@ -185,9 +185,10 @@ def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -
         **{
             name: is_on(name)
             for name in (
-                "repetition_penalty", "encoder_repetition_penalty", "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
-                "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-                "begin_suppress_tokens", "renormalize_logits", *_WARPERS,
+                "repetition_penalty", "encoder_repetition_penalty", "min_length", "min_new_tokens",
+                "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+                "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "renormalize_logits",
+                *_WARPERS,
             )
         },
     )

@@ -35,9 +35,9 @@ class ProcessorContext(NamedTuple):
         positions of each row at once). User processors take a scalar only.
     prompt_len: int32 scalar, HF's `input_ids_seq_length` (the caller's padded prompt length).
     max_length: int32 [B], per-row HF `max_length` (prompt_len + that row's max_new_tokens).
+    encoder_ids: int32 [B, S], HF's `encoder_input_ids`: an encoder-decoder model's encoder input, a decoder-only
+        model's prompt (the caller's columns, their padding included; bucket columns hold -1, which matches no token).
     grammar_state: int32 [B], each row's structured-output automaton state, or `()` (no automaton).
-    encoder_ids: int32 [B, S], an encoder-decoder model's encoder input ids as HF's `encoder_input_ids` (the caller's
-        columns, their padding included; bucket columns hold -1, which matches no token), or `()`.
     """
 
     sequences: tf.Tensor
@@ -45,8 +45,8 @@ class ProcessorContext(NamedTuple):
     cur_len: tf.Tensor
     prompt_len: tf.Tensor
     max_length: tf.Tensor
+    encoder_ids: tf.Tensor
     grammar_state: object = ()
-    encoder_ids: object = ()
 
 
 @dataclass(frozen=True)
@@ -253,9 +253,6 @@ def apply_processors(
     if spec.sequence_bias:
         biases = read_knob(knobs, "sequence_bias", tf.float32)
         scores = scores + _sequence_bias(ctx, spec.sequence_bias, biases, vocab_size)
-    if (spec.encoder_repetition_penalty or spec.encoder_no_repeat_ngram_size) and isinstance(ctx.encoder_ids, tuple):
-        raise ValueError("encoder_repetition_penalty / encoder_no_repeat_ngram_size: this decoding loop gives the "
-                         "processors no encoder input ids (ProcessorContext.encoder_ids)")
     if spec.encoder_repetition_penalty:
         # HF divides by the inverse penalty: a token of the encoder input becomes more likely (penalty > 1).
         inverse = tf.cast(1.0 / per_row_knob(knobs, "encoder_repetition_penalty", tf.float64), tf.float32)

@@ -219,13 +219,15 @@ def decode_spec(
     assistant_model=None,
     encoder_decoder: bool = False,
     encoder_width: Optional[int] = None,
+    encoder_states_given: bool = False,
 ) -> DecodeSpec:
     """The program key of `config`'s decoding in `mode` (`config.get_generation_mode()`, computed once by the
     caller: it may warn). `processor_overrides`: `ProcessorSpec` fields forced (an export
     forces the processors whose knobs it takes per request); batch and prompt width None: any (exports).
     `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop;
     `assistant_model` drafts for assisted generation (checked by the caller, `check_assisted`). `encoder_decoder`:
-    the model has an encoder, whose input is `encoder_width` columns wide (None: any)."""
+    the model has an encoder, whose input is `encoder_width` columns wide (None: any), and whose output comes with the
+    inputs when `encoder_states_given`."""
     refuse_unsupported(config, encoder_decoder=encoder_decoder)
     if encoder_decoder and mode in _NO_ENCODER_MODES:
         raise ValueError(f"{mode.value}: tfgen does not run it for encoder-decoder models yet (greedy search, "
@@ -234,8 +236,8 @@ def decode_spec(
     stopping_criteria = check_user_criteria(stopping_criteria)
     processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
     if processor_spec.grammar and mode not in _GRAMMAR_MODES:
-        raise ValueError(f"{structured_option(config)}: structured output works with greedy search, sampling, beam search, beam sampling "
-                         f"and contrastive search, not with {mode.value.replace('_', ' ')}.")
+        raise ValueError(f"{structured_option(config)}: structured output works with greedy search, sampling, beam "
+                         f"search, beam sampling and contrastive search, not with {mode.value.replace('_', ' ')}.")
     if stopping_criteria and mode == GenerationMode.CONSTRAINED_BEAM_SEARCH:
         raise ValueError("stopping_criteria: constrained beam search does not support them (HF applies them to the "
                          "running beams as a whole, not per hypothesis).")
@@ -272,6 +274,7 @@ def decode_spec(
         assistant=assistant_model if mode == GenerationMode.ASSISTED_GENERATION else None,
         assistant_id=id(assistant_model) if mode == GenerationMode.ASSISTED_GENERATION else None,
         encoder_width=encoder_width,
+        encoder_states_given=encoder_states_given,
     )
 
 
@@ -310,9 +313,9 @@ def prepare_request(
     input_ids = pop_input_ids(inputs, options)
     attention_mask = options.pop("attention_mask", None)
     encoder_decoder = is_encoder_decoder(model)
-    decoder_inputs = {name: options.pop(name) for name in ENCODER_DECODER_INPUTS if name in options}
+    encoder_decoder_inputs = {name: options.pop(name) for name in ENCODER_DECODER_INPUTS if name in options}
     if not encoder_decoder:
-        refuse_encoder_decoder_inputs(decoder_inputs)
+        refuse_encoder_decoder_inputs(encoder_decoder_inputs)
     assistant_model = options.pop("assistant_model", None)
     user_criteria, criteria_options, tokenizer = split_stopping_criteria(
         stopping_criteria, base_config(model, generation_config), options, tokenizer
@@ -328,8 +331,8 @@ def prepare_request(
 
     encoder = None  # the EncoderDecoderPrompt of an encoder-decoder model
     if encoder_decoder:
-        encoder = encoder_decoder_prompt(input_ids, attention_mask, decoder_inputs, config, model_config, pad_token_id,
-                                         eos_ids)
+        encoder = encoder_decoder_prompt(input_ids, attention_mask, encoder_decoder_inputs, config, model_config,
+                                         pad_token_id, eos_ids)
         input_ids, attention_mask = encoder.decoder_input_ids, encoder.decoder_attention_mask
     else:
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
@@ -382,14 +385,14 @@ def prepare_request(
     automaton = constraint_automaton(config, tokenizer, vocab_size)
     knobs = knob_values(config, mode, padded_batch, vocab_size, automaton)
 
+    hidden_states_out, encode_ahead = returned_encoder_states(encoder, config, stacklevel=stacklevel + 1)
     spec = decode_spec(
         config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
         batch_size=padded_batch, prompt_width=padded_len, user_processors=logits_processor or (),
         tokenizer=tokenizer, stopping_criteria=user_criteria, assistant_model=assistant_model,
         encoder_decoder=encoder_decoder, encoder_width=encoder_width,
+        encoder_states_given=encode_ahead or getattr(encoder, "states", None) is not None,
     )
-    hidden_states_out, encode_ahead = returned_encoder_states(encoder, config, stacklevel=stacklevel + 1)
-    spec = dataclasses.replace(spec, encoder_states_given=encode_ahead or getattr(encoder, "states", None) is not None)
     decode_inputs = DecodeInputs(
         input_ids=tf.constant(ids),
         attention_mask=tf.constant(mask),
@@ -415,4 +418,3 @@ def prepare_request(
         encoder_hidden_states=hidden_states_out,
         encode_ahead=encode_ahead,
     )
-

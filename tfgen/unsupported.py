@@ -57,15 +57,11 @@ REFUSED: dict[str, Refusal] = {
 }
 
 
-#: Options only an encoder-decoder model honours (its encoder's hidden states are computed before the loop).
+#: Options a decoder-only model refuses: it has no encoder (whose hidden states an encoder-decoder model returns, and
+#: whose input its n-gram ban reads), nor a decoder start.
 DECODER_ONLY_REFUSED: dict[str, Refusal] = {
     "output_hidden_states": Refusal(_true, "the compiled loop does not return a decoder-only model's hidden states "
                                            "(an encoder-decoder model returns its encoder's)"),
-}
-
-
-#: Options only an encoder-decoder model acts on (a decoder-only model has no encoder input, nor a decoder start).
-ENCODER_DECODER_ONLY: dict[str, Refusal] = {
     "encoder_no_repeat_ngram_size": Refusal(
         lambda value: value is not None and value > 0,
         "it bans n-grams of an encoder-decoder model's encoder input, and this model is decoder-only",
@@ -77,8 +73,8 @@ ENCODER_DECODER_ONLY: dict[str, Refusal] = {
 
 def refuse_unsupported(config, *, encoder_decoder: bool = False) -> None:
     """Raises ValueError naming the first option of `config` that asks for something tfgen does not do (for a
-    decoder-only model unless `encoder_decoder`, the options only encoder-decoder models act on, too)."""
-    refused = REFUSED if encoder_decoder else {**REFUSED, **DECODER_ONLY_REFUSED, **ENCODER_DECODER_ONLY}
+    decoder-only model unless `encoder_decoder`, `DECODER_ONLY_REFUSED` too)."""
+    refused = REFUSED if encoder_decoder else {**REFUSED, **DECODER_ONLY_REFUSED}
     for name, refusal in refused.items():
         value = getattr(config, name, None)
         if refusal.is_set(value):

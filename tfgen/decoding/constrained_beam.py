@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgen.constraints import check_constraint_vocabulary, constraint_tables
+from tfgen.constraints import constraint_tables
 from tfgen.decoding.beam import (
     IMPOSSIBLE,
     BeamLoopBase,
@@ -52,15 +52,9 @@ class ConstrainedBeamSearchLoop(BeamLoopBase):
 
     def __init__(self, model, spec):
         super().__init__(model, spec)
+        # `tfgen.request.decode_spec` (the one maker of a `DecodeSpec`) has checked the tables' token ids against the
+        # vocabulary and refused stopping criteria.
         self.graph_tables = spec.option("constraints")
-        # The request layer refuses these before anything compiles; kept as guards for callers that build a
-        # `DecodeSpec` themselves (a token past the vocabulary would be clipped, a criterion ignored).
-        vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
-        if vocab_size is not None:
-            check_constraint_vocabulary(self.graph_tables, int(vocab_size))
-        if spec.stopping_criteria:
-            raise ValueError("stopping_criteria: constrained beam search does not support them (HF applies them to "
-                             "the running beams as a whole, not per hypothesis).")
 
     def _initial_search(self, inputs: DecodeInputs, decode: DecodeState) -> ConstrainedSearch:
         beams, batch_size = self.beams, size_of(inputs.input_ids, 0)

@@ -15,6 +15,7 @@ from tfgen.random import derive_seeds, philox4x32
 _PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)
 _MASK32 = 0xFFFFFFFF
 
+
 def default_row_seeds(input_ids, attention_mask) -> tf.Tensor:
     """The sampling keys of signatures without a `seed` input: int32 `[B, 2]` from `[B, T]` ids and mask.
 

@@ -97,8 +97,9 @@ def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: 
 
 
 class _AutoModel:
-    """What the Auto classes share: loading an HF directory (or Hub id) and `from_config`, both dispatching on
-    `model_type` through the class's `mapping`; a model of the other kind is a ValueError naming its Auto class."""
+    """What the Auto classes share: `from_pretrained` of an HF directory or Hub id, `from_config`, both dispatching on
+    `model_type` through the class's `mapping` (a model of the other kind is a ValueError naming its Auto class), and
+    the single-file formats a subclass reads (`_from_single_file`)."""
 
     mapping: Mapping[str, type]
 
@@ -106,12 +107,44 @@ class _AutoModel:
         raise TypeError(f"{type(self).__name__} is not instantiable; use from_pretrained() or from_config()")
 
     @classmethod
-    def _from_directory(cls, path_or_repo_id, dtype, policy, **hub_options):
-        """The model of an HF directory or Hub id (`config.json` and safetensors weights)."""
-        directory = resolve_model_directory(path_or_repo_id, **hub_options)
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        *,
+        dtype=None,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
+    ):
+        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights (and, through
+        `AutoModelForCausalLM`, from a GGUF file — llama.cpp's format, a path ending in `.gguf`, see `tfgen.gguf` —
+        or a keras-hub preset directory, `causal_lm.save_to_preset`, which comes back wrapped by
+        `tfgen.from_keras_hub`), in `dtype` (a Keras dtype or policy name; default the Keras float type), with
+        `generation_config` set (the checkpoint's `generation_config.json`, else derived from the config). Raises
+        `OSError` for unresolvable ids and missing or malformed files, `ValueError` / `TypeError` naming
+        `config.json` (or the GGUF file) for unsupported architectures (a model of the other Auto class among them),
+        invalid config values or weights that cannot fit in the memory available (checked before anything is built
+        or read), `ValueError` for mismatched weights."""
+        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
+        policy = None if dtype is None else keras.dtype_policies.get(dtype)
+        hub_options = dict(revision=revision, cache_dir=cache_dir, token=token)
+        model = cls._from_single_file(path_or_repo_id, dtype, policy, hub_options)
+        if model is not None:
+            return model
+        directory = resolve_model_directory(path_or_repo_id, **hub_options, local_files_only=local_files_only)
         config_dict = read_config_dict(directory)
         return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
                                  lambda: read_safetensors_weights(directory), cls.mapping)
+
+    @classmethod
+    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
+        """The model of a GGUF file or keras-hub preset, or None when `path_or_repo_id` is neither (an HF
+        directory or Hub id). Both hold decoder-only models: here a ValueError pointing to `AutoModelForCausalLM`."""
+        if is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id):
+            raise ValueError(f"{str(path_or_repo_id)!r} is a GGUF file or keras-hub preset, which hold decoder-only "
+                             "models: load it with tfgen.AutoModelForCausalLM")
+        return None
 
     @classmethod
     def from_config(cls, config, *, dtype=None):
@@ -140,40 +173,21 @@ class AutoModelForCausalLM(_AutoModel):
     mapping = MODEL_FOR_CAUSAL_LM_MAPPING
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path_or_repo_id: str | os.PathLike,
-        *,
-        dtype=None,
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        local_files_only: bool | None = None,
-    ):
-        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights, or from a
-        GGUF file (llama.cpp's format: a path ending in `.gguf`; see `tfgen.gguf`), or from a keras-hub preset
-        directory (`causal_lm.save_to_preset`: the model comes back wrapped by `tfgen.from_keras_hub`), in `dtype` (a
-        Keras dtype or policy name; default the Keras float type), with `generation_config` set. Raises `OSError` for unresolvable
-        ids and missing or malformed files, `ValueError` / `TypeError` naming `config.json` (or the GGUF file) for
-        unsupported architectures, invalid config values or weights that cannot fit in the memory available
-        (checked before anything is built or read), `ValueError` for mismatched weights."""
-        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
-        policy = None if dtype is None else keras.dtype_policies.get(dtype)
+    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
         if is_gguf_path(path_or_repo_id):
             # One file holds the config (as metadata) and the weights (dequantized to float32 once checked).
             # A file is local: Hub options could do nothing for it.
-            refuse_hub_options(path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token)
+            refuse_hub_options(path_or_repo_id, **hub_options)
             gguf_file = open_gguf(path_or_repo_id)
             config_dict = hf_config_dict(gguf_file)
             return _build_pretrained(config_dict, dtype, policy, Path(gguf_file.path), None,
                                      lambda: read_hf_tensors(gguf_file, config_dict))
         if is_keras_hub_preset(path_or_repo_id):
-            refuse_hub_options(path_or_repo_id, "keras-hub preset", revision=revision, cache_dir=cache_dir, token=token)
+            refuse_hub_options(path_or_repo_id, "keras-hub preset", **hub_options)
             from tfgen.keras_hub.presets import load_preset_model  # lazy: imports keras-hub
 
             return load_preset_model(path_or_repo_id, dtype=dtype)
-        return cls._from_directory(path_or_repo_id, dtype, policy, revision=revision, cache_dir=cache_dir,
-                                   token=token, local_files_only=local_files_only)
+        return None
 
 
 class AutoModelForSeq2SeqLM(_AutoModel):
@@ -182,28 +196,6 @@ class AutoModelForSeq2SeqLM(_AutoModel):
 
     mapping = MODEL_FOR_SEQ2SEQ_LM_MAPPING
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        path_or_repo_id: str | os.PathLike,
-        *,
-        dtype=None,
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        local_files_only: bool | None = None,
-    ):
-        """Loads an encoder-decoder model from a local directory or Hub id holding `config.json` and safetensors
-        weights, in `dtype` (a Keras dtype or policy name; default the Keras float type), with `generation_config`
-        set (the checkpoint's `generation_config.json`, else derived from the config). Errors as
-        `AutoModelForCausalLM.from_pretrained`'s; a decoder-only checkpoint is a ValueError naming that class."""
-        policy = None if dtype is None else keras.dtype_policies.get(dtype)
-        if is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id):
-            raise ValueError(f"{str(path_or_repo_id)!r} is a GGUF file or keras-hub preset, which hold decoder-only "
-                             "models: load it with tfgen.AutoModelForCausalLM")
-        return cls._from_directory(path_or_repo_id, dtype, policy, revision=revision, cache_dir=cache_dir,
-                                   token=token, local_files_only=local_files_only)
-
 
 def load_generation_model(path_or_repo_id: str | os.PathLike, **options):
     """The model at `path_or_repo_id` (a directory, Hub id, GGUF file or keras-hub preset) through
@@ -211,6 +203,7 @@ def load_generation_model(path_or_repo_id: str | os.PathLike, **options):
     `AutoModelForCausalLM` (what the command line loads `--model` with); `options` go to `from_pretrained`."""
     if not (is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id)):
         config_file = Path(path_or_repo_id) / "config.json"
-        if config_file.is_file() and read_config_dict(config_file.parent).get("model_type") in MODEL_FOR_SEQ2SEQ_LM_MAPPING:
+        model_type = read_config_dict(config_file.parent).get("model_type") if config_file.is_file() else None
+        if model_type in MODEL_FOR_SEQ2SEQ_LM_MAPPING:
             return AutoModelForSeq2SeqLM.from_pretrained(path_or_repo_id, **options)
     return AutoModelForCausalLM.from_pretrained(path_or_repo_id, **options)

@@ -1,6 +1,7 @@
-"""HF checkpoints and tfgen's Keras models: which part of which variable each HF tensor fills (`HFPart`), checking a
-checkpoint's names and shapes against them, assigning it (transposing and fusing) and writing it back in HF's layout
-(`save_pretrained`). Shared by GPT-2, the Llama family and T5."""
+"""HF checkpoints and tfgen's Keras models: which part of which variable each HF tensor fills (`HFPart`, recorded by
+`HFWeights` as a layer creates its weights), checking a checkpoint's names and shapes against them, assigning it
+(transposing and fusing) and writing it back in HF's layout (`save_pretrained`). Shared by GPT-2, the Llama family and
+T5."""
 
 from __future__ import annotations
 
@@ -23,6 +24,63 @@ class HFPart(NamedTuple):
     columns: slice | None
     transposed: bool
     hf_shape: tuple
+
+
+class HFWeights:
+    """Creates a Keras layer's weights (normal initialisation: each `stddev` below times `stddev_scale`; norms at one)
+    and records in `parts`, per HF tensor name (`hf_prefix` + name), which part of which variable it fills.
+
+    Kernels are stored `[in, out]` and HF's `Linear` layers of one module fused side by side into one kernel (q/k/v,
+    gate/up); an embedding may be stored transposed (`[dim, vocab]`, so that the LM head is an `x @ W`)."""
+
+    def __init__(self, layer: keras.layers.Layer, hf_prefix: str = "", *, stddev_scale: float = 1.0):
+        self.layer, self.hf_prefix, self.stddev_scale = layer, hf_prefix, stddev_scale
+        self.parts: dict[str, HFPart] = {}
+
+    def _add(self, name: str, shape, initializer):
+        # No Keras autocast: the models cast explicitly, so `call` and `call_with_cache` compute alike.
+        return self.layer.add_weight(shape=shape, initializer=initializer, name=name.replace(".", "_"),
+                                     autocast=False)
+
+    def _normal(self, stddev: float):
+        return keras.initializers.RandomNormal(stddev=self.stddev_scale * stddev)
+
+    def norm(self, hf_name: str, dim: int):
+        """A `[dim]` norm weight, initialised to one."""
+        variable = self._add(hf_name, (dim,), "ones")
+        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, False, (dim,))
+        return variable
+
+    def matrix(self, hf_name: str, hf_shape: tuple[int, int], *, transposed: bool, stddev: float = 1.0):
+        """HF's `[rows, columns]` matrix (an embedding, a bias table), stored as is or (`transposed`) as
+        `[columns, rows]`."""
+        shape = tuple(reversed(hf_shape)) if transposed else tuple(hf_shape)
+        variable = self._add(hf_name, shape, self._normal(stddev))
+        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, transposed, tuple(hf_shape))
+        return variable
+
+    def linear(self, module: str, projections: tuple[str, ...], n_in: int, widths: tuple[int, ...], *,
+               bias: bool = False, stddevs: tuple[float, ...] = (1.0,)):
+        """`(kernel [n_in, sum(widths)], bias [sum(widths)] or None)` standing for HF's `Linear` layers
+        `module.projection` (weights `[width, n_in]`), side by side in that order. `stddevs`: one deviation for
+        every projection, or one per projection (HF draws some with their own, as T5's q)."""
+        name = f"{module}.{'_'.join(projections)}"
+        if len(set(stddevs)) == 1:
+            initializer = self._normal(stddevs[0])
+        else:
+            def initializer(shape, dtype=None):
+                draws = [self._normal(stddev)((n_in, width), dtype) for stddev, width in zip(stddevs, widths)]
+                return keras.ops.concatenate(draws, axis=-1)
+        kernel = self._add(f"{name}_kernel", (n_in, sum(widths)), initializer)
+        bias_variable = self._add(f"{name}_bias", (sum(widths),), "zeros") if bias else None
+        start = 0
+        for projection, width in zip(projections, widths):
+            columns, hf_name = slice(start, start + width), f"{self.hf_prefix}{module}.{projection}"
+            self.parts[f"{hf_name}.weight"] = HFPart(kernel, columns, True, (width, n_in))
+            if bias:
+                self.parts[f"{hf_name}.bias"] = HFPart(bias_variable, columns, False, (width,))
+            start += width
+        return kernel, bias_variable
 
 
 def select_hf_tensors(

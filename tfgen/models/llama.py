@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tfgen.models.attention import attention_masks, grouped_attention
 from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM
-from tfgen.models.hf_weights import HFPart, assign_hf_parts, hf_part_arrays, select_hf_tensors
+from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, select_hf_tensors
 from tfgen.models.layers import ACTIVATIONS, apply_rotary, dense, query_slots, rms_norm, rotary_cos_sin
 from tfgen.models.llama_config import LlamaConfig
 
@@ -31,47 +31,6 @@ __all__ = ["CausalLMOutput", "LlamaConfig", "LlamaDecoderLayer", "LlamaForCausal
 
 # RoPE frequency buffers that old checkpoints still carry (HF recomputes them from the config).
 _IGNORED_HF_BUFFER = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
-
-
-class _Weights:
-    """Creates a layer's weights with HF's initialisation and records, per HF tensor name, which part of which
-    variable it fills (`parts`)."""
-
-    def __init__(self, layer: keras.layers.Layer, config: LlamaConfig, hf_prefix: str):
-        self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
-        self.parts: dict[str, HFPart] = {}
-
-    def _add(self, name: str, shape, initializer):
-        # No Keras autocast: the code casts explicitly, so `call` and `call_with_cache` compute alike.
-        return self.layer.add_weight(shape=shape, initializer=initializer, name=name, autocast=False)
-
-    def norm(self, hf_name: str, dim: int):
-        variable = self._add(hf_name.replace(".", "_"), (dim,), "ones")
-        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, False, (dim,))
-        return variable
-
-    def embedding(self, hf_name: str, vocab_size: int, dim: int):
-        """A `[dim, vocab]` matrix for HF's `[vocab, dim]` one."""
-        initializer = keras.initializers.RandomNormal(stddev=self.config.initializer_range)
-        variable = self._add(hf_name.replace(".", "_"), (dim, vocab_size), initializer)
-        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, True, (vocab_size, dim))
-        return variable
-
-    def linear(self, module: str, projections: tuple[str, ...], n_in: int, widths: tuple[int, ...], bias: bool):
-        """One kernel `[n_in, sum(widths)]` (and bias, or None) standing for HF's `Linear` layers
-        `module.projection` (weights `[width, n_in]`), side by side in that order."""
-        name = f"{module}.{'_'.join(projections)}".replace(".", "_")
-        initializer = keras.initializers.RandomNormal(stddev=self.config.initializer_range)
-        kernel = self._add(f"{name}_kernel", (n_in, sum(widths)), initializer)
-        bias_variable = self._add(f"{name}_bias", (sum(widths),), "zeros") if bias else None
-        start = 0
-        for projection, width in zip(projections, widths):
-            columns, hf_name = slice(start, start + width), f"{self.hf_prefix}{module}.{projection}"
-            self.parts[f"{hf_name}.weight"] = HFPart(kernel, columns, True, (width, n_in))
-            if bias:
-                self.parts[f"{hf_name}.bias"] = HFPart(bias_variable, columns, False, (width,))
-            start += width
-        return kernel, bias_variable
 
 
 class LlamaDecoderLayer(keras.layers.Layer):
@@ -82,17 +41,17 @@ class LlamaDecoderLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self.config = config
         self.window = config.layer_windows[layer_idx]
-        weights = _Weights(self, config, f"model.layers.{layer_idx}.")
+        weights = HFWeights(self, f"model.layers.{layer_idx}.", stddev_scale=config.initializer_range)
         d, hd, inner = config.hidden_size, config.head_dim, config.intermediate_size
         q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
         self.input_norm = weights.norm("input_layernorm.weight", d)
-        self.qkv = weights.linear("self_attn", ("q_proj", "k_proj", "v_proj"), d, (q, kv, kv), config.qkv_bias)
+        self.qkv = weights.linear("self_attn", ("q_proj", "k_proj", "v_proj"), d, (q, kv, kv), bias=config.qkv_bias)
         self.q_norm = weights.norm("self_attn.q_norm.weight", hd) if config.qk_norm else None
         self.k_norm = weights.norm("self_attn.k_norm.weight", hd) if config.qk_norm else None
-        self.o_proj = weights.linear("self_attn", ("o_proj",), q, (d,), config.output_bias)
+        self.o_proj = weights.linear("self_attn", ("o_proj",), q, (d,), bias=config.output_bias)
         self.post_norm = weights.norm("post_attention_layernorm.weight", d)
-        self.gate_up = weights.linear("mlp", ("gate_proj", "up_proj"), d, (inner, inner), config.mlp_bias)
-        self.down = weights.linear("mlp", ("down_proj",), inner, (d,), config.mlp_bias)
+        self.gate_up = weights.linear("mlp", ("gate_proj", "up_proj"), d, (inner, inner), bias=config.mlp_bias)
+        self.down = weights.linear("mlp", ("down_proj",), inner, (d,), bias=config.mlp_bias)
         self.hf_parts = weights.parts
         # Folded into the queries (T x head_dim values) rather than the scores (T x S).
         self.query_scale = 1.0 / math.sqrt(hd)
@@ -142,8 +101,9 @@ class LlamaForCausalLM(KerasCausalLM):
     def __init__(self, config: LlamaConfig, dtype=None, **kwargs):
         super().__init__(config, dtype=dtype, **kwargs)
         self.rope = config.rope()
-        weights = _Weights(self, config, "")
-        self.embed_tokens = weights.embedding("model.embed_tokens.weight", config.vocab_size, config.hidden_size)
+        weights = HFWeights(self, stddev_scale=config.initializer_range)
+        embedding_shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = weights.matrix("model.embed_tokens.weight", embedding_shape, transposed=True)
         self.decoder_layers = [
             LlamaDecoderLayer(config, index, dtype=self.dtype_policy, name=f"layers_{index}")
             for index in range(config.num_hidden_layers)
@@ -151,7 +111,7 @@ class LlamaForCausalLM(KerasCausalLM):
         self.norm = weights.norm("model.norm.weight", config.hidden_size)
         self.lm_head = (
             self.embed_tokens if config.tie_word_embeddings
-            else weights.embedding("lm_head.weight", config.vocab_size, config.hidden_size)
+            else weights.matrix("lm_head.weight", embedding_shape, transposed=True)
         )
         self._hf_parts = dict(weights.parts)
         for layer in self.decoder_layers:

@@ -28,11 +28,11 @@ import tensorflow as tf
 
 from tfgen.generation import TFGenerationMixin
 from tfgen.models.attention import attention_masks
-from tfgen.models.hf_weights import assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
+from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
 from tfgen.models.protocol import CacheStepOutput
 from tfgen.models.t5_config import T5Config
-from tfgen.models.t5_layers import T5Block, T5Weights, position_bias, relative_bucket_table
+from tfgen.models.t5_layers import T5Block, position_bias, relative_bucket_table
 
 __all__ = ["Seq2SeqLMOutput", "T5Config", "T5ForConditionalGeneration"]
 
@@ -74,22 +74,22 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
         config.check_fits_in_memory(self.dtype_policy)
         self.config = config
         self.generation_config = None
-        weights = T5Weights(self, config, "")
+        weights = HFWeights(self, stddev_scale=config.initializer_factor)
         vocab, d, buckets = config.vocab_size, config.d_model, config.relative_attention_num_buckets
-        self.shared = weights.table("shared.weight", vocab, d, 1.0, transposed=True)
+        self.shared = weights.matrix("shared.weight", (vocab, d), transposed=True)
         self.encoder_blocks = [T5Block(config, index, False, dtype=self.dtype_policy, name=f"encoder_block_{index}")
                                for index in range(config.num_layers)]
         self.decoder_blocks = [T5Block(config, index, True, dtype=self.dtype_policy, name=f"decoder_block_{index}")
                                for index in range(config.num_decoder_layers)]
         # HF keeps each stack's bias table in its first block's self-attention; every block of the stack uses it.
-        self.encoder_bias = weights.table("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                                          buckets, config.num_heads, d ** -0.5, transposed=False)
-        self.decoder_bias = weights.table("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                                          buckets, config.num_heads, d ** -0.5, transposed=False)
-        self.encoder_norm = weights.norm("encoder.final_layer_norm.weight")
-        self.decoder_norm = weights.norm("decoder.final_layer_norm.weight")
-        self.lm_head = self.shared if config.tie_word_embeddings else weights.table(
-            "lm_head.weight", vocab, d, 1.0, transposed=True)
+        self.encoder_bias, self.decoder_bias = (
+            weights.matrix(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                           (buckets, config.num_heads), transposed=False, stddev=d ** -0.5)
+            for stack in ("encoder", "decoder"))
+        self.encoder_norm = weights.norm("encoder.final_layer_norm.weight", d)
+        self.decoder_norm = weights.norm("decoder.final_layer_norm.weight", d)
+        self.lm_head = self.shared if config.tie_word_embeddings else weights.matrix(
+            "lm_head.weight", (vocab, d), transposed=True)
         self.hf_parts = dict(weights.parts)
         for block in (*self.encoder_blocks, *self.decoder_blocks):
             self.hf_parts.update(block.hf_parts)

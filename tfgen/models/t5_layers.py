@@ -1,5 +1,5 @@
 """The pieces of `tfgen.models.t5`: T5's relative position buckets and bias, its attention (no `1/sqrt(d)` scaling, a
-learned bias per head and bucket, masked keys at the dtype's minimum), the weights under their HF names, and one block
+learned bias per head and bucket, masked keys at the dtype's minimum), and one block
 of either stack (self-attention, the decoder's cross-attention, the feed-forward), each sub-layer pre-norm with a
 residual, as HF 4.55's `modeling_t5.py` computes them.
 """
@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgen.models.hf_weights import HFPart
+from tfgen.models.hf_weights import HFWeights
 from tfgen.models.layers import ACTIVATIONS, dense, rms_norm, write_slots
 from tfgen.models.t5_config import T5Config
 
@@ -96,51 +96,6 @@ def split_heads(x: tf.Tensor, heads: int) -> tf.Tensor:
     return tf.transpose(tf.reshape(x, [tf.shape(x)[0], tf.shape(x)[1], heads, head_dim]), [0, 2, 1, 3])
 
 
-class T5Weights:
-    """Creates a layer's weights with HF's T5 initialisation (normal, with the per-matrix deviations of HF's
-    `_init_weights` times `initializer_factor`; norms at one) and records, per HF tensor name, which part of which
-    variable it fills (`parts`)."""
-
-    def __init__(self, layer: keras.layers.Layer, config: T5Config, hf_prefix: str):
-        self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
-        self.parts: dict[str, HFPart] = {}
-
-    def _add(self, name: str, shape, initializer):
-        # No Keras autocast: the code casts explicitly, so `call` and `call_with_cache` compute alike.
-        return self.layer.add_weight(shape=shape, initializer=initializer, name=name.replace(".", "_"), autocast=False)
-
-    def _normal(self, stddev: float):
-        return keras.initializers.RandomNormal(stddev=self.config.initializer_factor * stddev)
-
-    def norm(self, hf_name: str):
-        dim = self.config.d_model
-        variable = self._add(hf_name, (dim,), "ones")
-        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, False, (dim,))
-        return variable
-
-    def table(self, hf_name: str, rows: int, columns: int, stddev: float, transposed: bool):
-        """A `[rows, columns]` matrix stored as is, or (`transposed`) `[columns, rows]`: the token embedding is kept
-        `[d_model, vocab]` so that the LM head is an `x @ W` (see `tfgen.models.llama`)."""
-        shape = (columns, rows) if transposed else (rows, columns)
-        variable = self._add(hf_name, shape, self._normal(stddev))
-        self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, transposed, (rows, columns))
-        return variable
-
-    def linear(self, module: str, projections: tuple[str, ...], n_in: int, width: int, stddevs: tuple[float, ...]):
-        """One kernel `[n_in, len(projections) * width]` standing for HF's bias-free `Linear` layers
-        `module.projection` (weights `[width, n_in]`), side by side in that order."""
-        def initializer(shape, dtype=None):
-            # HF draws q with a smaller deviation than k and v, so each projection's columns get their own.
-            draws = [self._normal(stddev)((n_in, width), dtype) for stddev in stddevs]
-            return draws[0] if len(draws) == 1 else keras.ops.concatenate(draws, axis=-1)
-
-        kernel = self._add(f"{module}.{'_'.join(projections)}", (n_in, len(projections) * width), initializer)
-        for index, projection in enumerate(projections):
-            columns = slice(index * width, (index + 1) * width)
-            self.parts[f"{self.hf_prefix}{module}.{projection}.weight"] = HFPart(kernel, columns, True, (width, n_in))
-        return kernel
-
-
 class T5Block(keras.layers.Layer):
     """One block of the encoder (`decoder=False`: self-attention, feed-forward) or the decoder (self-attention,
     cross-attention over the encoder output, feed-forward); each sub-layer is `x + f(T5LayerNorm(x))`. q/k/v are one
@@ -150,23 +105,29 @@ class T5Block(keras.layers.Layer):
     def __init__(self, config: T5Config, index: int, decoder: bool, **kwargs):
         super().__init__(**kwargs)
         self.config, self.decoder = config, decoder
-        weights = T5Weights(self, config, f"{'decoder' if decoder else 'encoder'}.block.{index}.")
+        # HF's T5 initialisation (`_init_weights`, times `initializer_factor`).
+        weights = HFWeights(self, f"{'decoder' if decoder else 'encoder'}.block.{index}.",
+                            stddev_scale=config.initializer_factor)
         d, inner, d_ff = config.d_model, config.inner_dim, config.d_ff
+
+        def linear(module, projections, n_in, width, stddevs):  # T5's layers have no biases
+            return weights.linear(module, projections, n_in, (width,) * len(projections), stddevs=stddevs)[0]
+
         # HF's Mesh-TensorFlow deviations: q is scaled down by sqrt(d_kv) in place of scaling the scores.
         qkv_stddevs = ((d * config.d_kv) ** -0.5, d ** -0.5, d ** -0.5)
-        self.self_norm = weights.norm("layer.0.layer_norm.weight")
-        self.qkv = weights.linear("layer.0.SelfAttention", ("q", "k", "v"), d, inner, qkv_stddevs)
-        self.self_out = weights.linear("layer.0.SelfAttention", ("o",), inner, d, (inner ** -0.5,))
+        self.self_norm = weights.norm("layer.0.layer_norm.weight", d)
+        self.qkv = linear("layer.0.SelfAttention", ("q", "k", "v"), d, inner, qkv_stddevs)
+        self.self_out = linear("layer.0.SelfAttention", ("o",), inner, d, (inner ** -0.5,))
         if decoder:
-            self.cross_norm = weights.norm("layer.1.layer_norm.weight")
-            self.cross_query = weights.linear("layer.1.EncDecAttention", ("q",), d, inner, qkv_stddevs[:1])
-            self.cross_kv = weights.linear("layer.1.EncDecAttention", ("k", "v"), d, inner, qkv_stddevs[1:])
-            self.cross_out = weights.linear("layer.1.EncDecAttention", ("o",), inner, d, (inner ** -0.5,))
+            self.cross_norm = weights.norm("layer.1.layer_norm.weight", d)
+            self.cross_query = linear("layer.1.EncDecAttention", ("q",), d, inner, qkv_stddevs[:1])
+            self.cross_kv = linear("layer.1.EncDecAttention", ("k", "v"), d, inner, qkv_stddevs[1:])
+            self.cross_out = linear("layer.1.EncDecAttention", ("o",), inner, d, (inner ** -0.5,))
         ff = f"layer.{2 if decoder else 1}"
-        self.ff_norm = weights.norm(f"{ff}.layer_norm.weight")
+        self.ff_norm = weights.norm(f"{ff}.layer_norm.weight", d)
         wi = ("wi_0", "wi_1") if config.is_gated_act else ("wi",)
-        self.wi = weights.linear(f"{ff}.DenseReluDense", wi, d, d_ff, (d ** -0.5,) * len(wi))
-        self.wo = weights.linear(f"{ff}.DenseReluDense", ("wo",), d_ff, d, (d_ff ** -0.5,))
+        self.wi = linear(f"{ff}.DenseReluDense", wi, d, d_ff, (d ** -0.5,))
+        self.wo = linear(f"{ff}.DenseReluDense", ("wo",), d_ff, d, (d_ff ** -0.5,))
         self.activation = ACTIVATIONS[config.dense_act_fn]
         self.hf_parts = weights.parts
         self.built = True
