@@ -21,8 +21,8 @@ def resolve_checkpoint(model: str, cache_dir: str) -> str:
     if is_gguf(model) and Path(model).is_file():
         return model
     if model != RANDOM_124M:
-        from tfgen.model_pull import pull
-        from tfgen.model_registry import MODELS
+        from tfgen.hub.pull import pull
+        from tfgen.hub.registry import MODELS
 
         if model in MODELS:
             return str(pull(model))

@@ -1,7 +1,7 @@
 """What carrying the neutral sampling knobs costs: today's programs against the old minimal ones (issue 12).
 
 Every sampling program carries temperature, top-k (a static 64-candidate cap when off), top-p, min-p,
-typical-p and the repetition penalty (`tfgen.processor_config._ALWAYS_ON_WHEN_SAMPLING` / `_ALWAYS_ON`), fed
+typical-p and the repetition penalty (`tfgen.logits.from_config._ALWAYS_ON_WHEN_SAMPLING` / `_ALWAYS_ON`), fed
 neutral values when a request leaves them off, so that switching them per request never compiles a new
 program; greedy programs carry the repetition penalty. This script measures what that costs:
 
@@ -77,7 +77,7 @@ MINIMAL = Variant("minimal (B)", (), ())
 @contextlib.contextmanager
 def carrying(variant: Variant):
     """Within the block, `processor_config` builds its specs with `variant`'s always-on sets."""
-    from tfgen import processor_config
+    from tfgen.logits import from_config as processor_config
 
     saved = processor_config._ALWAYS_ON, processor_config._ALWAYS_ON_WHEN_SAMPLING
     if variant.always_on is not None:
@@ -96,7 +96,7 @@ def _only(names: tuple, name: str) -> tuple:
 
 def ablation_variants(request: str) -> list[Variant]:
     """The minimal program plus one of the processors the library carries for `request`, for each of them."""
-    from tfgen import processor_config
+    from tfgen.logits import from_config as processor_config
 
     always_on = tuple(processor_config._ALWAYS_ON)
     when_sampling = tuple(processor_config._ALWAYS_ON_WHEN_SAMPLING) if REQUESTS[request]["do_sample"] else ()
@@ -143,7 +143,7 @@ class Cell:
         """The compiling call and the warm-up of every program; checks that each program is traced exactly once
         (`programs`: the processors of the programs compiled before, by (request, batch, variant name); they
         must not trace again) and that all return the same tokens."""
-        from tfgen.programs import program_cache
+        from tfgen.generation.programs import program_cache
 
         cache = program_cache(self.model)
         reference = None
@@ -223,8 +223,8 @@ class Cell:
 
 def processor_spec(request: str, variant: Variant, vocab_size: int):
     """The `ProcessorSpec` that `variant`'s program of `request` runs (as `generate` builds it)."""
-    from tfgen.config import GenerationConfig
-    from tfgen.processor_config import processor_spec_from_config
+    from tfgen.config.generation_config import GenerationConfig
+    from tfgen.logits.from_config import processor_spec_from_config
 
     with carrying(variant):
         return processor_spec_from_config(GenerationConfig(**REQUESTS[request], eos_token_id=None), vocab_size)
@@ -238,10 +238,10 @@ def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[
     Returns {variant name: {"processors", "seconds": [...], "best_s"}}."""
     import tensorflow as tf
 
-    from tfgen.config import GenerationConfig
-    from tfgen.decoding.common import sample_from_scores
-    from tfgen.processor_config import processor_knobs_from_config
-    from tfgen.processors import ProcessorContext, apply_processors
+    from tfgen.config.generation_config import GenerationConfig
+    from tfgen.decoding.state import sample_from_scores
+    from tfgen.logits.from_config import processor_knobs_from_config
+    from tfgen.logits.processors import ProcessorContext, apply_processors
 
     steps, prompt_len = options.new_tokens, options.prompt_len
     width = prompt_len + steps
@@ -289,7 +289,7 @@ def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[
 
 def measure_model(model_name: str, options, log) -> dict:
     """Every (request, batch) cell of one model; ablations where asked for."""
-    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.auto.models import AutoModelForCausalLM
 
     checkpoint = resolve_checkpoint(model_name, options.cache_dir)
     info = checkpoint_info(checkpoint)

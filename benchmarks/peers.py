@@ -78,7 +78,7 @@ class TfgenRunner(Runner):
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
-        from tfgen.models.auto import AutoModelForCausalLM
+        from tfgen.auto.models import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.dtype)
 

@@ -120,7 +120,7 @@ def parse_group(text: str) -> dict:
 def load_model():
     """(float32 model, tokenizer, GGUF path) of SmolLM2-135M-Instruct, from tfgen's model cache."""
     from tfgen import AutoModelForCausalLM, Tokenizer
-    from tfgen.model_pull import pull
+    from tfgen.hub.pull import pull
 
     path = str(pull(MODEL, progress=False))
     return AutoModelForCausalLM.from_pretrained(path), Tokenizer.from_pretrained(path), path
@@ -170,9 +170,9 @@ class ConfigRunner:
         self.options = options
 
     def call(self):
-        from tfgen.outputs import package_outputs
-        from tfgen.programs import generate_program
-        from tfgen.request import prepare_request
+        from tfgen.generation.outputs import package_outputs
+        from tfgen.generation.programs import generate_program
+        from tfgen.request.prepare import prepare_request
 
         seed = SEED if self.options["do_sample"] else None
         request = prepare_request(self.model, self.ids, attention_mask=self.mask, max_new_tokens=self.new_tokens,

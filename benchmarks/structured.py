@@ -143,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     import tfgen
-    from tfgen.model_pull import pull
+    from tfgen.hub.pull import pull
 
     path = os.fspath(pull("smollm2-135m-instruct", progress=False))
     tokenizer = tfgen.Tokenizer.from_pretrained(path)

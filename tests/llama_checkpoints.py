@@ -71,7 +71,7 @@ def build_hf_model(family: str, directory=None, seed: int | None = None, dtype=N
 
 def build_checkpoints(tmp_path_factory) -> dict:
     """family -> (checkpoint directory, HF torch model, our model loaded from the checkpoint), for every family."""
-    from tfgen.models.auto import AutoModelForCausalLM
+    from tfgen.auto.models import AutoModelForCausalLM
 
     built = {}
     for family in FAMILIES:

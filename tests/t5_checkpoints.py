@@ -57,7 +57,7 @@ def build_branching_model(variant: str, directory):
     import torch
     import transformers
 
-    from tfgen.models.auto import AutoModelForSeq2SeqLM
+    from tfgen.auto.models import AutoModelForSeq2SeqLM
 
     gated = variant == "flan"
     torch.manual_seed(5 if gated else 11)
@@ -75,7 +75,7 @@ def build_branching_model(variant: str, directory):
 
 def build_checkpoints(tmp_path_factory) -> dict:
     """variant -> (checkpoint directory, HF torch model, our model loaded from the checkpoint), for every variant."""
-    from tfgen.models.auto import AutoModelForSeq2SeqLM
+    from tfgen.auto.models import AutoModelForSeq2SeqLM
 
     built = {}
     for variant in VARIANTS:

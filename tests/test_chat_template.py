@@ -13,8 +13,8 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tfgen.chat_template import MissingChatTemplateError, compile_chat_template
-from tfgen.tokenizer import Tokenizer
+from tfgen.text.chat_template import MissingChatTemplateError, compile_chat_template
+from tfgen.text.tokenizer import Tokenizer
 
 import chat_templates
 

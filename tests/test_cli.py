@@ -213,7 +213,7 @@ def test_compile_notice_and_quiet_flag(model_dir, capsys, quiet):
 
 
 def test_export_defaults_to_the_shipped_model(tmp_path, capsys):
-    from tfgen.defaults import DEFAULT_MODEL
+    from tfgen.hub.default_model import DEFAULT_MODEL
 
     out = tmp_path / "exported"
     assert main(["export", str(out), "--no-jit", "--signatures", "greedy", "--max-new-tokens", "2"]) == 0
@@ -354,7 +354,7 @@ def test_ctrl_c_while_compiling_ends_with_130_and_one_line():
 # (glibc's sigwait retries on EINTR), until SIGUSR2 releases it.
 BLOCKED_IN_C = """
 import ctypes, signal, sys
-from tfgen.interrupts import interrupt_guard
+from tfgen.commands.interrupts import interrupt_guard
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
 libc = ctypes.CDLL(None)
 wait_set, got = ctypes.create_string_buffer(128), ctypes.c_int()
@@ -405,7 +405,7 @@ def swallow_an_interrupt():
 
 
 def test_an_interrupt_lost_in_library_code_is_delivered_again(capsys):
-    from tfgen.interrupts import REDELIVERY_SECONDS, interrupt_guard
+    from tfgen.commands.interrupts import REDELIVERY_SECONDS, interrupt_guard
 
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt), interrupt_guard():
@@ -422,7 +422,7 @@ class InterruptedFinalizer:
 
 
 def test_an_interrupt_raised_in_a_finalizer_is_delivered_again_without_a_report(capsys):
-    from tfgen.interrupts import interrupt_guard
+    from tfgen.commands.interrupts import interrupt_guard
 
     reports = []
     previous_hook, sys.unraisablehook = sys.unraisablehook, reports.append

@@ -1,4 +1,4 @@
-"""The persistent compilation cache (`tfgen/compile_cache.py`): a second process loads what the first compiled,
+"""The persistent compilation cache (`tfgen/generation/compile_cache.py`): a second process loads what the first compiled,
 bad entries never change results, and TFGEN_COMPILE_CACHE=0 leaves nothing behind. Each process runs the tiny
 GPT-2 on two prompt-length buckets, so two programs: one for each kind of damage."""
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tfgen import compile_cache
+from tfgen.generation import compile_cache
 from conftest import build_hf_gpt2
 
 # Prints the greedy tokens of two prompts (prompt-length buckets 16 and 32: two programs) as JSON. Imports

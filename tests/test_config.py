@@ -1,4 +1,4 @@
-"""tfgen.config.GenerationConfig against HF transformers 4.55's GenerationConfig as the reference."""
+"""tfgen.config.generation_config.GenerationConfig against HF transformers 4.55's GenerationConfig as the reference."""
 
 import json
 import re
@@ -12,7 +12,7 @@ import pytest
 import transformers
 from transformers import GenerationConfig as HFGenerationConfig
 
-from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.config.generation_config import GenerationConfig, GenerationMode
 
 # Configs exercising every decoding mode tfgen supports and the list/str-valued options.
 ROUND_TRIP_CASES = {

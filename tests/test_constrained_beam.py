@@ -24,7 +24,7 @@ from conftest import left_padded_batch, word_level_tokenizer
 from llama_checkpoints import build_hf_model
 
 from tfgen import AutoModelForCausalLM, DisjunctiveConstraint, PhrasalConstraint, TextStreamer
-from tfgen.constraints import check_constraint_vocabulary, constraint_tables
+from tfgen.decoding.constraints import check_constraint_vocabulary, constraint_tables
 from tfgen.decoding.constraint_states import ConstraintGraph
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90]]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfgen import defaults
+from tfgen.hub import default_model as defaults
 
 PROMPT = "def fibonacci(n):"
 TOKENIZER_TEXTS = [
@@ -46,7 +46,7 @@ def report(model_dir) -> dict:
 
 def test_default_model_path_points_at_the_repository_checkpoint(model_dir):
     assert Path(model_dir).is_absolute()
-    assert Path(model_dir) == Path(defaults.__file__).resolve().parent.parent / "saved_models" / "stdlib-gpt2"
+    assert Path(model_dir) == Path(defaults.__file__).resolve().parents[2] / "saved_models" / "stdlib-gpt2"
     assert sum(path.stat().st_size for path in Path(model_dir).iterdir()) < 40 * 2**20
 
 

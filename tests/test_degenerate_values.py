@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgen.knobs import KNOBS
+from tfgen.config.knobs import KNOBS
 from tfgen.memory import MEMORY_LIMIT_ENV
 
 PROMPT = np.array([[5, 17, 42, 8]], np.int32)
@@ -85,7 +85,7 @@ def test_requests_that_cannot_fit_in_memory_are_refused_in_under_two_seconds(tin
 
 
 def test_the_memory_estimate_counts_the_model_cache_exactly(tiny_model):
-    from tfgen.request_size import cache_bytes
+    from tfgen.request.size import cache_bytes
 
     cache = tiny_model.init_cache(3, 24)
     allocated = sum(int(tf.size(leaf)) * leaf.dtype.size for leaf in tf.nest.flatten(cache))
@@ -102,8 +102,8 @@ def test_float_knobs_are_checked_for_finiteness_in_exported_graphs():
 def test_an_overflowing_temperature_keeps_the_distribution_defined():
     """HF's `scores / temperature` overflows float32 (100 / 1e-37) and its softmax turns NaN; here such a row
     becomes its greedy limit, and a row that does not overflow keeps HF's values exactly."""
-    from tfgen.processors import ProcessorSpec
-    from tfgen.warpers import apply_warpers
+    from tfgen.logits.processors import ProcessorSpec
+    from tfgen.logits.warpers import apply_warpers
 
     scores = tf.constant([[100.0, 50.0, -100.0, -np.inf], [1.0, 2.0, 3.0, 4.0]])
     warped, _ = apply_warpers(ProcessorSpec(temperature=True), scores, {"temperature": np.array([1e-37, 0.5], "f4")})
@@ -111,7 +111,7 @@ def test_an_overflowing_temperature_keeps_the_distribution_defined():
 
 
 def test_sampling_from_overflowed_scores_draws_among_the_infinite_ones():
-    from tfgen.decoding.common import sample_from_scores
+    from tfgen.decoding.state import sample_from_scores
 
     scores = tf.constant([[np.inf, 1.0, np.inf, np.nan]] * 64)
     seeds = tf.constant(np.arange(128, dtype=np.int32).reshape(64, 2))

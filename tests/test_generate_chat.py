@@ -11,7 +11,7 @@ import pytest
 
 from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.cli import main
-from tfgen.generation import TFGenerationMixin
+from tfgen.generation.mixin import TFGenerationMixin
 
 # Word-level (the tiny model's vocabulary is "w3" ... "w96"): roles become words, the turns end with eos.
 TEMPLATE = ("{% for m in messages %}{{ bos_token }}{% if m.role == 'system' %}w10{% else %}w11{% endif %} "
@@ -53,7 +53,7 @@ def test_chat_sends_the_rendered_conversation_and_prints_the_answer(
 ):
     if model_argument == "registered_name":
         # `--model smollm2-135m-instruct` goes through the resolver; its pull is this tiny chat model here.
-        from tfgen import model_pull
+        from tfgen.hub import pull as model_pull
 
         monkeypatch.setenv("TFGEN_CACHE_DIR", str(tmp_path))
         monkeypatch.setattr(model_pull, "pull", lambda name, **options: chat_model_dir)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgen.decoding.common import sample_from_scores
+from tfgen.decoding.state import sample_from_scores
 
 from conftest import left_padded_batch
 

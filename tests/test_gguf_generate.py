@@ -9,8 +9,8 @@ import pytest
 
 from gguf_files import build_hf_model, byte_level_vocabulary, hf_gguf_checkpoint, llama_cpp_rope_freqs, write_gguf
 from tfgen.cli import main
-from tfgen.models.auto import AutoModelForCausalLM
-from tfgen.tokenizer import Tokenizer
+from tfgen.auto.models import AutoModelForCausalLM
+from tfgen.text.tokenizer import Tokenizer
 
 VOCAB = len(byte_level_vocabulary()[0])
 PROMPTS = ["The quick brown fox", "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"]

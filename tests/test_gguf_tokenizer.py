@@ -10,7 +10,7 @@ import pytest
 from gguf_files import TEXTS, USER_TOKEN, build_hf_model, byte_level_vocabulary, sentencepiece_vocabulary, write_gguf
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tokenizer import PRE_TOKENIZERS, build_backend, byte_level_pre_tokenizer
-from tfgen.tokenizer import Tokenizer
+from tfgen.text.tokenizer import Tokenizer
 
 VOCAB = len(byte_level_vocabulary()[0])
 SPM_VOCAB = len(sentencepiece_vocabulary()[0])

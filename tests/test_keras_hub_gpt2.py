@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import tfgen  # noqa: E402
-from tfgen.random import derive_seeds  # noqa: E402
+from tfgen.decoding.random import derive_seeds  # noqa: E402
 from conftest import left_padded_batch  # noqa: E402
 from keras_hub_models import keras_hub_greedy, randomize  # noqa: E402
 from test_beam_search import BEAM, NEW_TOKENS, assert_beams_match  # noqa: E402

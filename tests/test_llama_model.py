@@ -15,7 +15,7 @@ import transformers
 from conftest import left_padded_batch
 from llama_checkpoints import FAMILIES, build_checkpoints, build_hf_model, hf_config, hf_logits
 
-from tfgen.models.auto import AutoModelForCausalLM
+from tfgen.auto.models import AutoModelForCausalLM
 from tfgen.models.llama import LlamaConfig, LlamaForCausalLM
 from tfgen.models.loading import read_safetensors_weights
 

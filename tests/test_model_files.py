@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tfgen.config import GenerationConfig
-from tfgen.models.auto import AutoModelForCausalLM
+from tfgen.config.generation_config import GenerationConfig
+from tfgen.auto.models import AutoModelForCausalLM
 from tfgen.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from tfgen.models.loading import read_safetensors_weights
-from tfgen.tokenizer import Tokenizer
+from tfgen.text.tokenizer import Tokenizer
 
 from conftest import TINY_GPT2, word_level_tokenizer
 

@@ -124,7 +124,7 @@ def test_the_table_covers_every_attribute():
 @pytest.mark.parametrize("name", sorted(HONOURED_WITH_BYTES))
 def test_honoured_options_of_byte_tokenizers_run_without_a_word(tiny_model, name):
     from tfgen import Tokenizer
-    from tfgen.defaults import default_model_path
+    from tfgen.hub.default_model import default_model_path
 
     value, context = HONOURED_WITH_BYTES[name]
     with warnings.catch_warnings():

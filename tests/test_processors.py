@@ -14,8 +14,8 @@ from transformers.generation.logits_process import LogitsProcessor as HFLogitsPr
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
-from tfgen.processor_config import processor_knobs_from_config, processor_spec_from_config
-from tfgen.processors import LogitsProcessor, ProcessorContext, apply_processors
+from tfgen.logits.from_config import processor_knobs_from_config, processor_spec_from_config
+from tfgen.logits.processors import LogitsProcessor, ProcessorContext, apply_processors
 
 VOCAB = 48
 BATCH = 3

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 import pytest
 
 import tfgen
-from tfgen import model_pull
+from tfgen.hub import pull as model_pull
 from tfgen.cli import main
-from tfgen.model_pull import PullError, pull, resolve_model_argument
-from tfgen.model_registry import MODELS
+from tfgen.hub.pull import PullError, pull, resolve_model_argument
+from tfgen.hub.registry import MODELS
 
 NAME = "smollm2-135m-instruct"
 REAL = MODELS[NAME]
@@ -299,7 +299,7 @@ def test_pull_imports_no_tensorflow(index):
 
 
 def test_model_arguments_resolve(index, tmp_path, monkeypatch, caplog):
-    from tfgen.defaults import DEFAULT_MODEL
+    from tfgen.hub.default_model import DEFAULT_MODEL
 
     assert resolve_model_argument(None) == DEFAULT_MODEL
     assert resolve_model_argument("someone/some-model") == "someone/some-model"  # a hub id, as before

@@ -1,4 +1,4 @@
-"""`tfgen serve`'s TF Serving gRPC API (tfgen/serving_grpc.py), called through the official stubs of
+"""`tfgen serve`'s TF Serving gRPC API (tfgen/serving/grpc_api.py), called through the official stubs of
 tensorflow-serving-api on an insecure loopback channel, as a stock TF Serving client calls it.
 
 The fast tests serve a stand-in model whose signatures are Python functions (status codes, limits, the flags);
@@ -35,8 +35,8 @@ from test_serve import server as rest_server  # noqa: F401  (a fixture)
 from tfgen import serving
 from tfgen.cli import build_parser, main
 from tfgen.commands import serve as serve_command
-from tfgen.serving_grpc import GrpcModelServer
-from tfgen.serving_requests import ServedModel
+from tfgen.serving.grpc_api import GrpcModelServer
+from tfgen.serving.requests import ServedModel
 
 CODE = grpc.StatusCode
 
@@ -195,7 +195,7 @@ def test_a_failing_signature_is_internal_logged_and_the_server_keeps_serving(fak
     finally:
         stand_in.fail = False
     assert code == CODE.INTERNAL and details == "RuntimeError: a bug in the signature"
-    assert any(record.name == "tfgen.serving_grpc" and record.exc_info for record in caplog.records)
+    assert any(record.name == "tfgen.serving.grpc_api" and record.exc_info for record in caplog.records)
     assert stub.Predict(echo_request(), timeout=30).outputs["sequences"]
 
 

@@ -20,6 +20,7 @@ from test_export import requests
 from test_serve import MAX_REQUEST_BYTES, MODEL, exports, load_tiny_export  # noqa: F401  (exports: a fixture)
 
 from tfgen import serving
+from tfgen.serving.batching import RETRY_AFTER
 from tfgen.serving import ModelServer, start_in_thread
 
 TIMEOUT = 0.5  # IDLE_TIMEOUT and BODY_TIMEOUT of the server under test
@@ -144,7 +145,7 @@ HOSTILE = {
                    "has shape [1], the signature wants [B, *]"),
     "invalid base64": (PREDICT, {"signature_name": "generate_text", "instances": [{"b64": "!!"}]},
                        "input 'text': invalid base64"),
-    # Knobs out of their tfgen.knobs range: the server's 400 names the knob, as generate() and the export do
+    # Knobs out of their tfgen.config.knobs range: the server's 400 names the knob, as generate() and the export do
     "top_p 0": (PREDICT, _sample(top_p=[0.0, 1.0, 1.0]), "top_p must be in (0, 1]; row 0 has 0.0"),
     "top_p above 1": (PREDICT, _sample(top_p=[1.0, 1.0, 1.5]), "top_p must be in (0, 1]; row 2 has 1.5"),
     "temperature < 0": (PREDICT, _sample(temperature=[1.0, -0.5, 1.0]), "temperature must be > 0"),
@@ -255,7 +256,7 @@ def test_the_connection_cap_answers_503_and_silent_clients_are_dropped_without_a
         with socket.create_connection(address, timeout=30) as extra:
             response = http.client.HTTPResponse(extra)
             response.begin()
-            assert (response.status, response.headers["Retry-After"]) == (503, str(serving.RETRY_AFTER))
+            assert (response.status, response.headers["Retry-After"]) == (503, str(RETRY_AFTER))
             assert f"{MAX_CONNECTIONS} connections open" in json.loads(response.read())["error"]
         resetting.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         resetting.close()

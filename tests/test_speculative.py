@@ -12,8 +12,8 @@ import tensorflow as tf
 from tfgen import GenerationConfig
 from tfgen.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from tfgen.models.llama import LlamaConfig, LlamaForCausalLM
-from tfgen.programs import generate_program
-from tfgen.request import prepare_request
+from tfgen.generation.programs import generate_program
+from tfgen.request.prepare import prepare_request
 
 from conftest import word_level_tokenizer
 

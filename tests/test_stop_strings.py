@@ -1,4 +1,4 @@
-"""tfgen.stop_strings against transformers' StopStringCriteria: the same tables, the same hits row by row."""
+"""tfgen.stopping.stop_strings against transformers' StopStringCriteria: the same tables, the same hits row by row."""
 
 import itertools
 import random
@@ -12,9 +12,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from tfgen import defaults
-from tfgen.stop_strings import stop_string_hits, stop_string_tables, tail_window
-from tfgen.tokenizer import Tokenizer
+from tfgen.hub import default_model as defaults
+from tfgen.stopping.stop_strings import stop_string_hits, stop_string_tables, tail_window
+from tfgen.text.tokenizer import Tokenizer
 
 _STDLIB_STOPS = ["stop", " def", "\n\n", "):", "x"]
 # The tiny tokenizer merged "é", "ü" and "語" into whole-character tokens but split "ï" across two byte tokens.

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfgen
-from tfgen import defaults
+from tfgen.hub import default_model as defaults
 
 PROMPTS = ["def parse(text):\n", "import os\n\nclass Cache:"]
 NEW_TOKENS = 24
@@ -155,7 +155,7 @@ def test_max_time_cuts_a_long_run_within_one_chunk(model, batch, options):
     # The deadline passes before the first chunk returns: its tokens (the first one and a chunk of steps), then
     # one last step for every row; beam search closes its hypotheses at that length.
     cut = model.generate(ids, max_time=1e-6, **common).numpy()
-    kept = ids.shape[1] + 1 + tfgen.generation.MAX_TIME_CHUNK_STEPS + 1
+    kept = ids.shape[1] + 1 + tfgen.generation.mixin.MAX_TIME_CHUNK_STEPS + 1
     assert (cut[:, kept:] == PAD).all() and (cut[:, kept - 1] != PAD).any()
     if not options:
         np.testing.assert_array_equal(cut[:, :kept], full[:, :kept])

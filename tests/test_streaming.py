@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from tfgen.streaming import BaseStreamer, TextIteratorStreamer, TextStreamer, TokenCallbackStreamer
+from tfgen.generation.streaming import BaseStreamer, TextIteratorStreamer, TextStreamer, TokenCallbackStreamer
 
 from conftest import left_padded_batch, word_level_tokenizer
 

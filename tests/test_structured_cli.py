@@ -25,7 +25,7 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def shipped():
     import tfgen
-    from tfgen.defaults import default_model_path
+    from tfgen.hub.default_model import default_model_path
 
     path = default_model_path()
     return tfgen.AutoModelForCausalLM.from_pretrained(path), tfgen.Tokenizer.from_pretrained(path)
@@ -65,12 +65,12 @@ def test_generate_json_schema_streams_valid_json(shipped, capsys, tmp_path):
     ("[1, 2]", "'{path}' holds a JSON list, not a schema object"),
 ])
 def test_a_bad_json_schema_file_is_one_error_line(command, content, message, tmp_path, capsys, monkeypatch):
-    import tfgen.models.auto
+    import tfgen.auto.models
 
     def never(*args, **kwargs):
         raise AssertionError("the model loaded before the schema file was checked")
 
-    monkeypatch.setattr(tfgen.models.auto.AutoModelForCausalLM, "from_pretrained", never)
+    monkeypatch.setattr(tfgen.auto.models.AutoModelForCausalLM, "from_pretrained", never)
     path = tmp_path / "schema.json"
     if isinstance(content, bytes):
         path.write_bytes(content)

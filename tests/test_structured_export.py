@@ -38,7 +38,7 @@ SAMPLE_ROW = {"seed": [7, 11], "temperature": 0.75, "top_k": 0, "top_p": 0.875} 
 @pytest.fixture(scope="module")
 def shipped():
     import tfgen
-    from tfgen.defaults import default_model_path
+    from tfgen.hub.default_model import default_model_path
 
     path = default_model_path()
     return tfgen.AutoModelForCausalLM.from_pretrained(path), tfgen.Tokenizer.from_pretrained(path)
@@ -48,7 +48,7 @@ def shipped():
 def export(shipped, tmp_path_factory):
     """(version folder, the export loaded for serving with continuous batching asked for)."""
     from tfgen.export import export_saved_model
-    from tfgen.serving_requests import load_export
+    from tfgen.serving.requests import load_export
 
     model, tokenizer = shipped
     root = tmp_path_factory.mktemp("structured_export")
@@ -146,7 +146,7 @@ def test_the_export_records_the_constraint_and_leaves_out_what_cannot_carry_it(e
 
 
 def test_structured_signature_takes_two_regexes_of_one_bucket_in_one_program(shipped, export):
-    from tfgen.serving_requests import check_arrays
+    from tfgen.serving.requests import check_arrays
     from tfgen.structured.automaton import build_automaton
 
     model, tokenizer = shipped
@@ -174,7 +174,7 @@ def test_structured_signature_takes_two_regexes_of_one_bucket_in_one_program(shi
 
 
 def test_structured_signature_refuses_tables_indexing_outside_themselves(shipped, export):
-    from tfgen.serving_requests import RequestError
+    from tfgen.serving.requests import RequestError
     from tfgen.structured.automaton import build_automaton
 
     model, tokenizer = shipped
@@ -217,7 +217,7 @@ def test_what_a_constrained_export_cannot_do_is_refused_before_tracing(shipped, 
 
 
 def test_default_signatures_of_a_constrained_export_drop_prompt_lookup_and_slots():
-    from tfgen.config import GenerationConfig
+    from tfgen.config.generation_config import GenerationConfig
 
     names = ["serving_default", "greedy", "prompt_lookup"]
     assert constrain_export(GenerationConfig(), names, False, None, True) == (names, None, [])

@@ -51,7 +51,7 @@ STRATEGIES = {
 def shipped():
     """(model, tokenizer) of the shipped 2.6M model."""
     import tfgen
-    from tfgen.defaults import default_model_path
+    from tfgen.hub.default_model import default_model_path
 
     path = default_model_path()
     return tfgen.AutoModelForCausalLM.from_pretrained(path), tfgen.Tokenizer.from_pretrained(path)
@@ -204,7 +204,7 @@ def test_schema_keywords_the_regex_cannot_enforce_are_warned_about(shipped):
 def smollm2_vocabulary_model(tmp_path_factory):
     """(tiny random Llama with SmolLM2's 49152-id vocabulary, SmolLM2's tokenizer from its GGUF)."""
     import tfgen
-    from tfgen.model_pull import pull
+    from tfgen.hub.pull import pull
 
     tokenizer = tfgen.Tokenizer.from_pretrained(os.fspath(pull("smollm2-135m-instruct", progress=False)))
     directory = tmp_path_factory.mktemp("llama-49k")

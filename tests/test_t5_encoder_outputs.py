@@ -14,7 +14,7 @@ import torch
 from t5_checkpoints import build_branching_model
 from transformers.modeling_outputs import BaseModelOutput
 
-from tfgen.programs import program_cache
+from tfgen.generation.programs import program_cache
 
 NEW_TOKENS = 8
 # Right-padded encoder rows of different lengths (T5's pad id is 0).

@@ -16,7 +16,7 @@ import transformers
 from t5_checkpoints import VARIANTS, build_checkpoints, hf_config, hf_forward, padded_batch
 
 import tfgen
-from tfgen.models.auto import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from tfgen.auto.models import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from tfgen.models.t5 import T5ForConditionalGeneration
 from tfgen.models.t5_config import T5Config
 from tfgen.models.t5_layers import relative_bucket_table

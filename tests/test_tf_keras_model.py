@@ -8,7 +8,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfgen import GenerationConfig, TFGenerationMixin
-from tfgen.models.protocol import CacheStepOutput
+from tfgen.decoding.model_protocol import CacheStepOutput
 
 from conftest import left_padded_batch
 

@@ -1,4 +1,4 @@
-"""tfgen.tokenizer against tiny byte-level BPE tokenizers trained here, with HF transformers as the reference."""
+"""tfgen.text.tokenizer against tiny byte-level BPE tokenizers trained here, with HF transformers as the reference."""
 
 import itertools
 import json
@@ -11,7 +11,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tfgen.tokenizer import IncrementalDecoder, Tokenizer
+from tfgen.text.tokenizer import IncrementalDecoder, Tokenizer
 
 _WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "café", "crème", "brûlée", "naïve",
           "über", "hello", "world", "model", "token", "stream", "日本", "語"]

@@ -6,7 +6,7 @@ TensorFlow itself is imported.
 
 from __future__ import annotations
 
-from tfgen import compile_cache
+from tfgen.generation import compile_cache
 from tfgen.lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -16,37 +16,37 @@ __version__ = "0.1.0"
 compile_cache.configure()
 
 _EXPORTS = {
-    "AutoModelForCausalLM": "tfgen.models.auto",
-    "AutoModelForSeq2SeqLM": "tfgen.models.auto",
-    "BucketPolicy": "tfgen.request",
-    "DEFAULT_MODEL": "tfgen.defaults",
-    "DisjunctiveConstraint": "tfgen.constraints",
-    "EXACT_SHAPES": "tfgen.request",
-    "EosTokenCriteria": "tfgen.stopping",
-    "GenerateBeamDecoderOnlyOutput": "tfgen.outputs",
-    "GenerateBeamEncoderDecoderOutput": "tfgen.outputs",
-    "GenerateDecoderOnlyOutput": "tfgen.outputs",
-    "GenerateEncoderDecoderOutput": "tfgen.outputs",
-    "GenerationConfig": "tfgen.config",
-    "GenerationMode": "tfgen.config",
-    "LogitsProcessor": "tfgen.processors",
-    "MaxLengthCriteria": "tfgen.stopping",
-    "MaxTimeCriteria": "tfgen.stopping",
-    "PhrasalConstraint": "tfgen.constraints",
-    "StopStringCriteria": "tfgen.stopping",
-    "StoppingCriteria": "tfgen.stopping",
-    "StoppingCriteriaList": "tfgen.stopping",
+    "AutoModelForCausalLM": "tfgen.auto.models",
+    "AutoModelForSeq2SeqLM": "tfgen.auto.models",
+    "BucketPolicy": "tfgen.request.prepare",
+    "DEFAULT_MODEL": "tfgen.hub.default_model",
+    "DisjunctiveConstraint": "tfgen.decoding.constraints",
+    "EXACT_SHAPES": "tfgen.request.prepare",
+    "EosTokenCriteria": "tfgen.stopping.criteria",
+    "GenerateBeamDecoderOnlyOutput": "tfgen.generation.outputs",
+    "GenerateBeamEncoderDecoderOutput": "tfgen.generation.outputs",
+    "GenerateDecoderOnlyOutput": "tfgen.generation.outputs",
+    "GenerateEncoderDecoderOutput": "tfgen.generation.outputs",
+    "GenerationConfig": "tfgen.config.generation_config",
+    "GenerationMode": "tfgen.config.generation_config",
+    "LogitsProcessor": "tfgen.logits.processors",
+    "MaxLengthCriteria": "tfgen.stopping.criteria",
+    "MaxTimeCriteria": "tfgen.stopping.criteria",
+    "PhrasalConstraint": "tfgen.decoding.constraints",
+    "StopStringCriteria": "tfgen.stopping.criteria",
+    "StoppingCriteria": "tfgen.stopping.criteria",
+    "StoppingCriteriaList": "tfgen.stopping.criteria",
     "T5Config": "tfgen.models.t5_config",
     "T5ForConditionalGeneration": "tfgen.models.t5",
-    "TFGenerationMixin": "tfgen.generation",
-    "TextIteratorStreamer": "tfgen.streaming",
-    "TextStreamer": "tfgen.streaming",
-    "TokenCallbackStreamer": "tfgen.streaming",
-    "Tokenizer": "tfgen.tokenizer",
+    "TFGenerationMixin": "tfgen.generation.mixin",
+    "TextIteratorStreamer": "tfgen.generation.streaming",
+    "TextStreamer": "tfgen.generation.streaming",
+    "TokenCallbackStreamer": "tfgen.generation.streaming",
+    "Tokenizer": "tfgen.text.tokenizer",
     "batch_generate": "tfgen.batch",
     "export_saved_model": "tfgen.export",
     "from_keras_hub": "tfgen.keras_hub",
-    "pull": "tfgen.model_pull",
+    "pull": "tfgen.hub.pull",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,7 +6,7 @@ Parsing imports no TensorFlow (the command modules import it in their handlers),
 it, TensorFlow's Python warnings (retracing) are hidden at level 2 and above, and tfgen's own messages (the
 compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only). Bad input is one line on stderr and
 status 2 (arguments that are not UTF-8 included; 1 for an error that carries `exit_status = 1`, such as a model
-that cannot be pulled); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.interrupts`).
+that cannot be pulled); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.commands.interrupts`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 import sys
 import tempfile
 
-from tfgen.interrupts import INTERRUPTED_MESSAGE, INTERRUPTED_STATUS, interrupt_guard
+from tfgen.commands.interrupts import INTERRUPTED_MESSAGE, INTERRUPTED_STATUS, interrupt_guard
 
 # Modules whose `add_parser(subparsers)` registers one subcommand each.
 SUBCOMMAND_MODULES = [
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Runs one `tfgen` command; returns its exit status: 2, with one line on stderr, for bad input; 130, with
     "tfgen: interrupted" on stderr and no traceback, for Ctrl-C (a second Ctrl-C ends the process at once, see
-    `tfgen.interrupts`)."""
+    `tfgen.commands.interrupts`)."""
     try:
         with interrupt_guard() as interrupts:
             return _run(argv, interrupts)

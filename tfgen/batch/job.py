@@ -21,7 +21,7 @@ from tfgen.batch.joblock import OutputLock
 from tfgen.batch.options import DEFAULT_BATCH_SIZE, DEFAULT_SEED, ON_ERROR
 from tfgen.batch.rows import bad_rows_message, build_table, list_bad_rows
 from tfgen.batch.runner import BatchRunner
-from tfgen.config import GenerationConfig
+from tfgen.config.generation_config import GenerationConfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from tfgen.batch.rows import id_key
-from tfgen.random import derive_seeds
+from tfgen.decoding.random import derive_seeds
 
 
 def check_job_seed(seed) -> np.ndarray:

@@ -18,9 +18,9 @@ import tensorflow as tf
 from tfgen.batch.options import DEFAULT_MAX_NEW_TOKENS, WINDOW_GROUPS
 from tfgen.batch.planning import Group, check_job_seed, plan_window, row_seeds, steps, windows
 from tfgen.batch.rows import PromptTable, RowRules
-from tfgen.config import GenerationConfig
-from tfgen.programs import announce_compile, generate_program
-from tfgen.request import DEFAULT_BUCKETS, Request, pad_token_id_of, prepare_request, resolve_config
+from tfgen.config.generation_config import GenerationConfig
+from tfgen.generation.programs import announce_compile, generate_program
+from tfgen.request.prepare import DEFAULT_BUCKETS, Request, pad_token_id_of, prepare_request, resolve_config
 from tfgen.value_types import is_integer
 
 # generate() arguments that a batch job sets itself, or whose meaning depends on how rows were padded together.

@@ -71,9 +71,9 @@ def run(args) -> int:
 
     from tfgen.batch import JobInterrupted, make_strategy, run_batch_job
     from tfgen.batch.joblock import OutputLock
-    from tfgen.model_pull import resolve_model_argument
-    from tfgen.models.auto import load_generation_model
-    from tfgen.tokenizer import Tokenizer
+    from tfgen.hub.pull import resolve_model_argument
+    from tfgen.auto.models import load_generation_model
+    from tfgen.text.tokenizer import Tokenizer
 
     model_path = resolve_model_argument(args.model, progress=not args.no_progress)
     strategy = make_strategy(args.strategy, tpu=args.tpu)

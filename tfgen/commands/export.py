@@ -135,10 +135,10 @@ def export_model(
     folder."""
     from tfgen.export import export_saved_model
     from tfgen.gguf import is_gguf_path
-    from tfgen.model_pull import resolve_model_argument
-    from tfgen.models.auto import load_generation_model
+    from tfgen.hub.pull import resolve_model_argument
+    from tfgen.auto.models import load_generation_model
     from tfgen.models.loading import resolve_model_directory
-    from tfgen.tokenizer import Tokenizer
+    from tfgen.text.tokenizer import Tokenizer
 
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.

@@ -55,11 +55,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from tfgen.config import SAMPLING_ONLY_NEUTRAL
-    from tfgen.model_pull import resolve_model_argument
-    from tfgen.models.auto import load_generation_model
-    from tfgen.streaming import TextStreamer
-    from tfgen.tokenizer import Tokenizer
+    from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
+    from tfgen.hub.pull import resolve_model_argument
+    from tfgen.auto.models import load_generation_model
+    from tfgen.generation.streaming import TextStreamer
+    from tfgen.text.tokenizer import Tokenizer
 
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat (it is the system message of the chat)")
@@ -110,7 +110,7 @@ def _chat_prompt(tokenizer, args, model_path: str) -> dict:
     """`input_ids` and `attention_mask` [1, T] of the conversation (the optional system message, the prompt as the
     user's), rendered with the assistant's turn opened. MissingChatTemplateError (status 1) for a model without a
     chat template."""
-    from tfgen.chat_template import MissingChatTemplateError
+    from tfgen.text.chat_template import MissingChatTemplateError
 
     if tokenizer.chat_template is None:
         raise MissingChatTemplateError(

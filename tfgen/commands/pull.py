@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 # TensorFlow-free, so that `tfgen pull` and its --help answer without importing TensorFlow.
-from tfgen.model_pull import SOURCES
-from tfgen.model_registry import MODELS, cached_file
+from tfgen.hub.pull import SOURCES
+from tfgen.hub.registry import MODELS, cached_file
 
 
 def add_parser(subparsers) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from tfgen.model_pull import pull
+    from tfgen.hub.pull import pull
 
     if args.list:
         if args.name is not None or args.source is not None:

@@ -9,7 +9,7 @@ import os
 import tempfile
 from typing import Optional
 
-from tfgen.serving_options import (  # TF-free, so `tfgen serve --help` answers without TensorFlow
+from tfgen.serving.options import (  # TF-free, so `tfgen serve --help` answers without TensorFlow
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -122,7 +122,7 @@ def run(args) -> int:
         return 0
 
     from tfgen.commands.export import export_model
-    from tfgen.defaults import default_model_path
+    from tfgen.hub.default_model import default_model_path
 
     with tempfile.TemporaryDirectory(prefix="tfgen-serve-") as folder:
         # The folder's name is the model's name in the URLs.

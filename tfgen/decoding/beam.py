@@ -2,7 +2,7 @@
 strategy shares (`tfgen.decoding.group_beam` builds group beam search on it).
 
 All beams of all prompts decode together as `B * num_beams` rows grouped by prompt; the cache keeps that row count
-and is reordered with one `tf.gather` per step (leading axis = batch, see `tfgen.models.protocol`), so nothing is
+and is reordered with one `tf.gather` per step (leading axis = batch, see `tfgen.decoding.model_protocol`), so nothing is
 re-padded or re-shaped. Finished hypotheses live in static `[B, num_beams, ...]` buffers with their scores.
 
 A few static sizes differ from HF's while giving its results: HF keeps `max(2, 1 + n_eos) * num_beams`
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgen.decoding.common import (
+from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
     forward_last_tokens,
@@ -32,11 +32,11 @@ from tfgen.decoding.common import (
     write_at,
 )
 from tfgen.decoding.loop import DecodingLoop
-from tfgen.knobs import KNOBS, repeat_per_row
-from tfgen.processors import apply_processors
-from tfgen.random import uniform_per_element
-from tfgen.stopping import stopped_rows
-from tfgen.structured import graph as grammar
+from tfgen.config.knobs import KNOBS, repeat_per_row
+from tfgen.logits.processors import apply_processors
+from tfgen.decoding.random import uniform_per_element
+from tfgen.stopping.criteria import stopped_rows
+from tfgen.logits import grammar
 
 # HF's offset for "this candidate may not be chosen" (added, so ruled-out candidates keep their order).
 IMPOSSIBLE = -1.0e9

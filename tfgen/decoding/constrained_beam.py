@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgen.constraints import constraint_tables
+from tfgen.decoding.constraints import constraint_tables
 from tfgen.decoding.beam import (
     IMPOSSIBLE,
     BeamLoopBase,
@@ -29,9 +29,9 @@ from tfgen.decoding.beam import (
     static_candidates,
 )
 from tfgen.decoding.beam_hypotheses import HypothesisList
-from tfgen.decoding.common import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
+from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
 from tfgen.decoding.constraint_states import ConstraintGraph, Progress, gather_progress, select_progress
-from tfgen.processors import apply_processors
+from tfgen.logits.processors import apply_processors
 
 
 class ConstrainedSearch(NamedTuple):
@@ -47,12 +47,12 @@ class ConstrainedSearch(NamedTuple):
 
 class ConstrainedBeamSearchLoop(BeamLoopBase):
     """Constrained beam search over `num_beams` beams per prompt (static option `constraints`: the
-    `tfgen.constraints.ConstraintTables`). `result` as `BeamSearchLoop`'s; `scores` are HF's: the processed
+    `tfgen.decoding.constraints.ConstraintTables`). `result` as `BeamSearchLoop`'s; `scores` are HF's: the processed
     log-probabilities plus each beam's running score."""
 
     def __init__(self, model, spec):
         super().__init__(model, spec)
-        # `tfgen.request.decode_spec` (the one maker of a `DecodeSpec`) has checked the tables' token ids against the
+        # `tfgen.request.prepare.decode_spec` (the one maker of a `DecodeSpec`) has checked the tables' token ids against the
         # vocabulary and refused stopping criteria.
         self.graph_tables = spec.option("constraints")
 

@@ -1,5 +1,5 @@
 """HF's `ConstraintListState` as tensors: each beam's progress through every constraint of a
-`tfgen.constraints.ConstraintTables`, advanced token by token inside the compiled loop.
+`tfgen.decoding.constraints.ConstraintTables`, advanced token by token inside the compiled loop.
 
 A beam's progress is three int32/bool values per constraint (`Progress`, shape `[..., C]` each): the trie node it
 stands at (the root while pending), whether it is complete, and its place in HF's pending list (a broken
@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgen.constraints import ConstraintTables
+from tfgen.decoding.constraints import ConstraintTables
 
 # A pending-list place larger than any (places grow by one per broken constraint, at most once per step).
 _LAST = 2**30

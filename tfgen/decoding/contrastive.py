@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgen.decoding.common import (
+from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
     commit_tokens,
@@ -26,8 +26,8 @@ from tfgen.decoding.common import (
     write_at,
 )
 from tfgen.decoding.loop import DecodingLoop
-from tfgen.knobs import KNOBS
-from tfgen.processors import apply_processors
+from tfgen.config.knobs import KNOBS
+from tfgen.logits.processors import apply_processors
 from tfgen.value_types import is_integer
 
 
@@ -40,7 +40,7 @@ def contrastive_options(config) -> dict:
 
 
 def contrastive_knobs(config, batch_size: int) -> dict[str, np.ndarray]:
-    """`penalty_alpha` `[batch_size]` (see `tfgen.knobs`)."""
+    """`penalty_alpha` `[batch_size]` (see `tfgen.config.knobs`)."""
     return {"penalty_alpha": KNOBS["penalty_alpha"].fill(batch_size, float(config.penalty_alpha or 0.0))}
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfgen.decoding.common import (
+from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
     encoder_input_ids,
@@ -33,7 +33,7 @@ from tfgen.decoding.common import (
     size_of,
     softmax_limit,
 )
-from tfgen.processors import ProcessorContext, apply_processors
+from tfgen.logits.processors import ProcessorContext, apply_processors
 
 #: Philox streams of the draws a sampling drafter makes (stream 0 is the model's own choice of a token).
 DRAFT_STREAM = 1

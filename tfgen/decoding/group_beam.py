@@ -15,9 +15,9 @@ from tfgen.decoding.beam import (
     repeat_knobs,
     static_candidates,
 )
-from tfgen.decoding.common import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
-from tfgen.knobs import KNOBS
-from tfgen.processors import apply_processors
+from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
+from tfgen.config.knobs import KNOBS
+from tfgen.logits.processors import apply_processors
 
 
 def group_beam_options(config) -> dict:

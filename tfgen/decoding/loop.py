@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Optional
 
 import tensorflow as tf
 
-from tfgen.config import GenerationMode
-from tfgen.decoding.common import DecodeInputs, DecodeState, decoding_model
-from tfgen.processors import ProcessorSpec
+from tfgen.config.generation_config import GenerationMode
+from tfgen.decoding.state import DecodeInputs, DecodeState, decoding_model
+from tfgen.logits.processors import ProcessorSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class DecodeSpec:
     output_logits: bool = False
     user_processors: tuple = dataclasses.field(default=(), compare=False, repr=False)
     user_processor_ids: tuple = ()
-    #: `tfgen.stop_strings.StopStringTables` (compared by identity: the builder caches one per vocabulary and
+    #: `tfgen.stopping.stop_strings.StopStringTables` (compared by identity: the builder caches one per vocabulary and
     #: strings), or None.
     stop_strings: Any = None
     stopping_criteria: tuple = dataclasses.field(default=(), compare=False, repr=False)
@@ -89,7 +89,7 @@ class DecodingLoop:
         return None if batch_rows is None else batch_rows * self.rows_per_prompt
 
     def with_decoding_view(self, batch_rows: Optional[int]) -> "DecodingLoop":
-        """A copy whose steps use `model.decoding_view` (see `tfgen.models.protocol`); computed in the program,
+        """A copy whose steps use `model.decoding_view` (see `tfgen.decoding.model_protocol`); computed in the program,
         once per run."""
         loop = copy.copy(self)
         loop.step_model = decoding_model(self.model, self.head_rows(batch_rows))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfgen.decoding.common import (
+from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
     commit_tokens,
@@ -14,7 +14,7 @@ from tfgen.decoding.common import (
     sample_from_scores,
 )
 from tfgen.decoding.loop import DecodingLoop
-from tfgen.processors import apply_processors
+from tfgen.logits.processors import apply_processors
 
 
 class GreedyOrSampleLoop(DecodingLoop):

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tfgen.decoding.common import (
+from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
     commit_tokens,
@@ -44,10 +44,10 @@ from tfgen.decoding.drafters import (
     write_row_columns,
 )
 from tfgen.decoding.loop import DecodingLoop
-from tfgen.knobs import repeat_per_row
-from tfgen.processors import apply_processors
-from tfgen.random import uniform_per_row
-from tfgen.stopping import stopped_rows
+from tfgen.config.knobs import repeat_per_row
+from tfgen.logits.processors import apply_processors
+from tfgen.decoding.random import uniform_per_row
+from tfgen.stopping.criteria import stopped_rows
 
 #: Philox stream of the acceptance test of the speculative sampling rule (0: token draws, 1: drafter draws).
 ACCEPT_STREAM = 2
@@ -277,7 +277,7 @@ def check_assisted(model, assistant_model, config, user_processors) -> None:
     for name, net in (("model", model), ("assistant_model", assistant_model)):
         if net is not None and not getattr(net, "row_cache_index", False):
             raise ValueError(f"{name}: {type(net).__name__} does not declare `row_cache_index = True` (a "
-                             "call_with_cache taking one cache slot per row, `tfgen.models.protocol`), which assisted "
+                             "call_with_cache taking one cache slot per row, `tfgen.decoding.model_protocol`), which assisted "
                              "generation needs.")
     if assistant_model is not None:
         chosen = [name for name in ("prompt_lookup_num_tokens", "assistant_early_exit") if getattr(config, name) is not None]

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.config.generation_config import GenerationConfig, GenerationMode
 from tfgen.decoding.beam import BeamSearchLoop, beam_knobs, beam_options
 from tfgen.decoding.constrained_beam import ConstrainedBeamSearchLoop, constrained_options
 from tfgen.decoding.contrastive import ContrastiveSearchLoop, contrastive_knobs, contrastive_options
@@ -35,7 +35,7 @@ class Strategy:
 
     loop: the `DecodingLoop` subclass, built as `loop(model, spec)` inside the program.
     static_options: config -> dict of hashable values (part of the program key, `DecodeSpec.options`).
-    runtime_knobs: (config, batch_size) -> dict of numpy knob values (declared in `tfgen.knobs`) merged into
+    runtime_knobs: (config, batch_size) -> dict of numpy knob values (declared in `tfgen.config.knobs`) merged into
         `DecodeInputs.knobs`: values that must not recompile, e.g. `length_penalty`.
     host_expands_return_sequences: True when the request layer repeats each prompt `num_return_sequences` times
         before decoding (independent samples); False when the loop itself returns that many rows per prompt.

@@ -26,10 +26,10 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfgen.decoding.common import is_eos, sample_from_scores
-from tfgen.knobs import KNOBS
-from tfgen.processors import ProcessorContext, apply_processors
-from tfgen.stopping import stopped_rows
+from tfgen.decoding.state import is_eos, sample_from_scores
+from tfgen.config.knobs import KNOBS
+from tfgen.logits.processors import ProcessorContext, apply_processors
+from tfgen.stopping.criteria import stopped_rows
 
 #: Knobs of the sampling warpers: neutral in a greedy row (HF's greedy search runs no warper).
 WARPER_KNOBS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")

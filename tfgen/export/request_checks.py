@@ -1,7 +1,7 @@
 """The in-graph checks of an exported signature's request: what `tfgen serve` and TF Serving answer 400 to.
 
 The same rules as `generate()`'s up-front checks: the prompt's shape and ids, and every per-row knob against the
-knob schema (`tfgen.knobs`), plus the beam length-penalty bound (`tfgen.decoding.beam`).
+knob schema (`tfgen.config.knobs`), plus the beam length-penalty bound (`tfgen.decoding.beam`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
-from tfgen.knobs import declared
+from tfgen.config.knobs import declared
 
 
 def request_checks(input_ids, attention_mask, inputs: dict, row_inputs, *, vocab_size: int, max_positions,

@@ -21,11 +21,11 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfgen.config import GenerationConfig, GenerationMode
+from tfgen.config.generation_config import GenerationConfig, GenerationMode
 from tfgen.decoding.loop import DecodeSpec, generate_all
 from tfgen.decoding.speculative import check_assisted
 from tfgen.decoding.strategies import make_loop
-from tfgen.encoder_request import decoder_start_token_ids, is_encoder_decoder
+from tfgen.request.encoder import decoder_start_token_ids, is_encoder_decoder
 from tfgen.export.signature_inputs import signature_run
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.portable import WithoutStaticTokenCount, model_variables, xla_only_ops
@@ -36,9 +36,9 @@ from tfgen.export.structured_inputs import (STRUCTURED_SIGNATURE, STRUCTURED_SPE
                                             table_checks, table_shapes)
 from tfgen.export.text_graph import in_graph_tokenizer, text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
-from tfgen.knobs import KNOBS, declared
-from tfgen.request import base_config, decode_spec, knob_values, pad_token_id_of
-from tfgen.request_size import check_request_fits
+from tfgen.config.knobs import KNOBS, declared
+from tfgen.request.prepare import base_config, decode_spec, knob_values, pad_token_id_of
+from tfgen.request.size import check_request_fits
 from tfgen.structured.automaton import constraint_automaton
 from tfgen.value_types import is_integer
 
@@ -78,7 +78,7 @@ def export_saved_model(
     """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
 
     Args:
-        model: a model implementing `tfgen.models.protocol.CausalLMProtocol` (e.g. from `AutoModelForCausalLM`).
+        model: a model implementing `tfgen.decoding.model_protocol.CausalLMProtocol` (e.g. from `AutoModelForCausalLM`).
         generation_config: decoding options of `serving_default` and defaults of the other signatures
             (default: the model's). Its mode must be greedy search, sampling, beam search, contrastive search or
             prompt lookup, with one sequence per prompt.

@@ -40,13 +40,13 @@ class SignatureSpec:
     generation_options: overrides of the exported GenerationConfig (a dict, or a function of the export's
         `ExportChoices` returning one); the decoding strategy is the mode the result selects.
     row_inputs: per-row inputs taken besides `input_ids` and `attention_mask`, each a knob or request value of
-        `tfgen.knobs` (its dtype, shape and valid range make the input's spec and in-graph check).
+        `tfgen.config.knobs` (its dtype, shape and valid range make the input's spec and in-graph check).
     processor_overrides: `ProcessorSpec` fields forced on so that the row inputs always apply (a row sending a
         neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
     outputs: entries of the decode result returned besides `sequences` and `sequence_lengths`.
     text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
     row_cache_index: decodes speculatively, so it needs a model declaring `row_cache_index` (a per-row cache slot,
-        `tfgen.models.protocol`); left out of the default signatures of a model without it.
+        `tfgen.decoding.model_protocol`); left out of the default signatures of a model without it.
     table_inputs: shared knobs taken as inputs of shapes fixed at export, without a batch axis (the `structured`
         signature's automaton tables, `tfgen.export.structured_inputs`).
     """
@@ -124,8 +124,8 @@ def export_choices(config, num_beams, contrastive_top_k, draft_tokens, max_ngram
     selects the strategy (its `num_beams` above 1, its `top_k` under contrastive search, its prompt lookup sizes),
     else the defaults above. ValueError naming a choice out of range."""
     # Here, not at the top: `tfgen export --help` reads the table and needs none of these.
-    from tfgen.config import GenerationConfig, GenerationMode
-    from tfgen.config_rules import check_options
+    from tfgen.config.generation_config import GenerationConfig, GenerationMode
+    from tfgen.config.rules import check_options
     from tfgen.value_types import is_integer
 
     if num_beams is None:

@@ -27,11 +27,11 @@ from typing import Optional
 import numpy as np
 
 from tfgen.export.signatures import SIGNATURES, SignatureSpec
-from tfgen.knobs import KNOBS
+from tfgen.config.knobs import KNOBS
 from tfgen.structured.automaton import structured_option
 
 STRUCTURED_SIGNATURE = "structured"
-#: The tables a `structured` request carries, in `tfgen.knobs` names.
+#: The tables a `structured` request carries, in `tfgen.config.knobs` names.
 TABLE_INPUTS = ("grammar_next", "grammar_token_class", "grammar_accepting")
 # Signatures that cannot carry an automaton: assisted generation (prompt lookup) refuses one.
 UNCONSTRAINABLE = ("prompt_lookup",)

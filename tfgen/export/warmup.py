@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 
-from tfgen.knobs import declared
+from tfgen.config.knobs import declared
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def warmup_requests(input_specs: dict[str, dict], vocab_size: int, prompt_tokens
 def warmup_inputs(input_specs: dict, vocab_size: int, prompt_tokens: int = WARMUP_PROMPT_TOKENS,
                   text: str = WARMUP_TEXT) -> dict:
     """One row of valid inputs for a signature with these `{input name: tf.TensorSpec}`: `warmup_prompt` (mask
-    all 1) or `text`, `WARMUP_NEW_TOKENS` as budget, and each knob's neutral value (`tfgen.knobs`), in the spec's
+    all 1) or `text`, `WARMUP_NEW_TOKENS` as budget, and each knob's neutral value (`tfgen.config.knobs`), in the spec's
     dtype. ValueError for an input it cannot fill."""
     prompt = warmup_prompt(vocab_size, prompt_tokens)
     inputs = {}

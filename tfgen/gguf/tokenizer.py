@@ -24,7 +24,7 @@ from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
 from tfgen.gguf.config import token_ids
 from tfgen.gguf.files import GGUFFile, open_gguf
-from tfgen.tokenizer import Tokenizer
+from tfgen.text.tokenizer import Tokenizer
 
 # gguf's TokenType values.
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4

@@ -1,4 +1,4 @@
-"""`from_keras_hub(causal_lm)`: a keras-hub `CausalLM` as a tfgen model (`tfgen.models.protocol.CausalLMProtocol`),
+"""`from_keras_hub(causal_lm)`: a keras-hub `CausalLM` as a tfgen model (`tfgen.decoding.model_protocol.CausalLMProtocol`),
 sharing its weights, so every tfgen strategy, processor, stopping criterion, streamer, export signature and batch job
 runs on it."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import tensorflow as tf
 
-from tfgen.config import GenerationConfig
-from tfgen.generation import TFGenerationMixin
+from tfgen.config.generation_config import GenerationConfig
+from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.keras_hub.styles import DecoderStyle
 from tfgen.models.attention import attention_masks
 from tfgen.models.layers import query_slots
-from tfgen.models.protocol import CacheStepOutput
+from tfgen.decoding.model_protocol import CacheStepOutput
 
 
 def _styles() -> list[type[DecoderStyle]]:
@@ -50,7 +50,7 @@ class KerasHubCausalLM(TFGenerationMixin):
     `tokenizer` (a `tfgen.keras_hub.KerasHubTokenizer` over the preprocessor's tokenizer, or None).
     """
 
-    #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.models.protocol`).
+    #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.decoding.model_protocol`).
     row_cache_index = True
 
     def __init__(self, causal_lm, style: DecoderStyle, config: KerasHubConfig, generation_config: GenerationConfig,
@@ -84,7 +84,7 @@ class KerasHubCausalLM(TFGenerationMixin):
 
     def call_with_cache(self, input_ids, cache, cache_index, attention_mask, position_ids, last_logits_only=False,
                         compute_logits=True, layers=None) -> CacheStepOutput:
-        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.models.protocol`);
+        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.decoding.model_protocol`);
         attention_mask `[B, max_length]` over the whole buffer, position_ids int `[B, T]`. Returns
         `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
         `compute_logits=False` the LM head is skipped and `logits` is None; `layers` runs only the first that many

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from tfgen.config import GenerationConfig
+from tfgen.config.generation_config import GenerationConfig
 
 
 def model_config(causal_lm, style, tokenizer):

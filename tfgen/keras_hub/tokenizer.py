@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.export.text_graph import InGraphTokenizer
-from tfgen.tokenizer import Tokenizer, as_id_list, check_text
+from tfgen.text.tokenizer import Tokenizer, as_id_list, check_text
 
 
 class KerasHubTokenizer(Tokenizer):

@@ -1,1 +1,1 @@
-"""Model implementations that satisfy `tfgen.models.protocol.CausalLMProtocol`."""
+"""Model implementations that satisfy `tfgen.decoding.model_protocol.CausalLMProtocol`."""

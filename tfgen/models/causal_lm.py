@@ -10,10 +10,10 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from tfgen.generation import TFGenerationMixin
+from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.layers import positions_from_mask
-from tfgen.models.protocol import CacheStepOutput
+from tfgen.decoding.model_protocol import CacheStepOutput
 
 
 class CausalLMOutput(NamedTuple):
@@ -32,7 +32,7 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
     is a tuple over layers of (keys, values) (`init_cache`)."""
 
     config_class: type
-    #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.models.protocol`).
+    #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.decoding.model_protocol`).
     row_cache_index = True
     # Whether `lm_head` is stored `[vocab, D]` (True) or `[D, vocab]` (False); a decoding view uses the other layout.
     lm_head_vocab_major: bool
@@ -96,7 +96,7 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         head_transposed=None,
         layers=None,
     ) -> CacheStepOutput:
-        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.models.protocol`).
+        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.decoding.model_protocol`).
         attention_mask: `[B, max_length]` over the whole buffer; position_ids int `[B, T]`. Returns
         `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
         `compute_logits=False` the LM head is skipped and `logits` is None (see `logits_from_hidden`).

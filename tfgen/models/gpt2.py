@@ -92,7 +92,7 @@ class GPT2LMHeadModel(KerasCausalLM):
     cannot fit in the memory available is refused first (`GPT2Config.check_fits_in_memory`).
 
     `call` is the plain (training / scoring) forward; `init_cache` / `call_with_cache` implement
-    `tfgen.models.protocol.CausalLMProtocol`. The cache is a tuple over layers of (keys, values), each
+    `tfgen.decoding.model_protocol.CausalLMProtocol`. The cache is a tuple over layers of (keys, values), each
     `[batch, heads, max_length, head_dim]`.
 
     Trained with Keras: `compile(optimizer)` without a `loss` uses the causal-LM loss (see `compute_loss`).

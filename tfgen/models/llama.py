@@ -89,7 +89,7 @@ class LlamaForCausalLM(KerasCausalLM):
     (`LlamaConfig.check_fits_in_memory`).
 
     `call` is the plain (training / scoring) forward; `init_cache` / `call_with_cache` implement
-    `tfgen.models.protocol.CausalLMProtocol`. The cache is a tuple over layers of (keys, values), each
+    `tfgen.decoding.model_protocol.CausalLMProtocol`. The cache is a tuple over layers of (keys, values), each
     `[batch, num_key_value_heads, max_length, head_dim]`.
 
     Trained with Keras: `compile(optimizer)` without a `loss` uses the causal-LM loss (see `compute_loss`).

@@ -26,11 +26,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgen.generation import TFGenerationMixin
+from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.attention import attention_masks
 from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
-from tfgen.models.protocol import CacheStepOutput
+from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.models.t5_config import T5Config
 from tfgen.models.t5_layers import T5Block, position_bias, relative_bucket_table
 
@@ -57,12 +57,12 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
 
     `call` is the plain forward (encoder, then decoder over `decoder_input_ids`); generation runs `encode` once, builds
     the cache with `init_cache(..., encoder_hidden_states=, encoder_attention_mask=)` and then steps the decoder with
-    `call_with_cache` (buffer coordinates as in `tfgen.models.protocol`; see the module docstring for the cache).
+    `call_with_cache` (buffer coordinates as in `tfgen.decoding.model_protocol`; see the module docstring for the cache).
     """
 
     config_class = T5Config
     is_encoder_decoder = True
-    #: `call_with_cache` takes a scalar `cache_index` only (see `tfgen.models.protocol`).
+    #: `call_with_cache` takes a scalar `cache_index` only (see `tfgen.decoding.model_protocol`).
     row_cache_index = False
 
     def __init__(self, config: T5Config, dtype=None, **kwargs):
@@ -280,8 +280,8 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
 
     @classmethod
     def from_pretrained(cls, path_or_repo_id: str | os.PathLike, *, dtype=None, **options):
-        """`tfgen.models.auto.AutoModelForSeq2SeqLM.from_pretrained` for a T5 checkpoint (same keywords)."""
-        from tfgen.models.auto import AutoModelForSeq2SeqLM  # lazy: auto imports this module
+        """`tfgen.auto.models.AutoModelForSeq2SeqLM.from_pretrained` for a T5 checkpoint (same keywords)."""
+        from tfgen.auto.models import AutoModelForSeq2SeqLM  # lazy: auto imports this module
 
         model = AutoModelForSeq2SeqLM.from_pretrained(path_or_repo_id, dtype=dtype, **options)
         if not isinstance(model, cls):

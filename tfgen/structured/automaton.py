@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tfgen.structured.vocabulary import token_bytes
+from tfgen.text.token_text import token_bytes
 
 DEAD_STATE = 0
 START_STATE = 1
@@ -59,7 +59,7 @@ class TokenAutomaton:
         return self.next_state.nbytes + self.token_class.nbytes + self.accepting.nbytes
 
     def knobs(self) -> dict[str, np.ndarray]:
-        """The tables as the program's knobs (`tfgen.knobs`: `grammar_next`, `grammar_token_class`,
+        """The tables as the program's knobs (`tfgen.config.knobs`: `grammar_next`, `grammar_token_class`,
         `grammar_accepting`)."""
         return {"grammar_next": self.next_state, "grammar_token_class": self.token_class,
                 "grammar_accepting": self.accepting}

@@ -1,0 +1,209 @@
+"""`AutoModelForCausalLM` and `AutoModelForSeq2SeqLM`: build the tfgen model matching an HF-style checkpoint or
+config."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from tfgen.config.generation_config import GenerationConfig
+from tfgen.gguf import is_gguf_path, refuse_hub_options
+from tfgen.gguf.config import hf_config_dict
+from tfgen.gguf.files import open_gguf
+from tfgen.gguf.tensors import read_hf_tensors
+from tfgen.keras_hub.presets import is_keras_hub_preset
+from tfgen.models.gpt2 import GPT2LMHeadModel
+from tfgen.models.llama import LlamaForCausalLM
+from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
+from tfgen.models.t5 import T5ForConditionalGeneration
+
+# config.json `model_type` -> model class (each with a `config_class` offering `from_dict`).
+MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {
+    "gpt2": GPT2LMHeadModel,
+    **{model_type: LlamaForCausalLM for model_type in ("llama", "mistral", "qwen2", "qwen3")},
+}
+
+
+# config.json `model_type` -> encoder-decoder model class.
+MODEL_FOR_SEQ2SEQ_LM_MAPPING: dict[str, type] = {"t5": T5ForConditionalGeneration}
+
+# Each mapping with the Auto class that loads it, to point a caller at the other one.
+_AUTO_CLASSES = (("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING),
+                 ("AutoModelForSeq2SeqLM", MODEL_FOR_SEQ2SEQ_LM_MAPPING))
+
+
+def _model_class(model_type: Any, mapping: Mapping[str, type] = MODEL_FOR_CAUSAL_LM_MAPPING) -> type:
+    model_class = mapping.get(model_type) if isinstance(model_type, str) else None
+    if model_class is None:
+        for auto_name, other in _AUTO_CLASSES:
+            if other is not mapping and isinstance(model_type, str) and model_type in other:
+                raise ValueError(f"model_type {model_type!r} is a {other[model_type].__name__}: load it with "
+                                 f"tfgen.{auto_name} (supported here: {sorted(mapping)})")
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(mapping)}")
+    return model_class
+
+
+def _default_generation_config(
+    directory: Path | None, config_dict: Mapping[str, Any], config_path: Path | None = None
+):
+    """The checkpoint's `generation_config.json` when there is one, else the one HF derives from the
+    model config (its errors naming `config_path`, the file the config was read from, when given)."""
+    if directory is not None and (directory / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(directory)
+    with _naming_the_file(config_path):
+        return GenerationConfig.from_model_config(dict(config_dict))
+
+
+@contextlib.contextmanager
+def _naming_the_file(path: Path | None):
+    """Prefixes the message of a ValueError or TypeError raised in the block with `path` (when not None), so that
+    a bad value read from a file says which file to fix."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        if path is None:
+            raise
+        raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{str(path)!r}: {error}") from None
+
+
+def _generation_source(model_class: type, config_dict: Mapping[str, Any], config) -> Mapping[str, Any]:
+    """The dict a default generation config is derived from: `config_dict` as given, except for an encoder-decoder,
+    where HF derives it from the config object, whose defaults fill absent keys (T5's pad and eos ids; the decoder's
+    start id, too, must be there for generate to begin)."""
+    return {**config_dict, **config.to_dict()} if getattr(model_class, "is_encoder_decoder", False) else config_dict
+
+
+def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: Path | None, read_weights,
+                      mapping: Mapping[str, type] = MODEL_FOR_CAUSAL_LM_MAPPING):
+    """The model of `config_dict` (read from `config_path`, named in its errors; its class from `mapping`) with the
+    weights `read_weights()` returns and the generation config of `directory` (None: the one derived from the
+    config)."""
+    with _naming_the_file(config_path):
+        model_class = _model_class(config_dict.get("model_type"), mapping)
+        config = model_class.config_class.from_dict(config_dict)
+        # Before a layer is built or a weight read: a model too large for this host is refused at once.
+        config.check_fits_in_memory(policy)
+    generation_config = _default_generation_config(directory, _generation_source(model_class, config_dict, config),
+                                                   config_path)
+    model = model_class(config, dtype=dtype)
+    model.load_hf_state_dict(read_weights())
+    model.generation_config = generation_config
+    return model
+
+
+class _AutoModel:
+    """What the Auto classes share: `from_pretrained` of an HF directory or Hub id, `from_config`, both dispatching on
+    `model_type` through the class's `mapping` (a model of the other kind is a ValueError naming its Auto class), and
+    the single-file formats a subclass reads (`_from_single_file`)."""
+
+    mapping: Mapping[str, type]
+
+    def __init__(self):
+        raise TypeError(f"{type(self).__name__} is not instantiable; use from_pretrained() or from_config()")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo_id: str | os.PathLike,
+        *,
+        dtype=None,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool | None = None,
+    ):
+        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights (and, through
+        `AutoModelForCausalLM`, from a GGUF file — llama.cpp's format, a path ending in `.gguf`, see `tfgen.gguf` —
+        or a keras-hub preset directory, `causal_lm.save_to_preset`, which comes back wrapped by
+        `tfgen.from_keras_hub`), in `dtype` (a Keras dtype or policy name; default the Keras float type), with
+        `generation_config` set (the checkpoint's `generation_config.json`, else derived from the config). Raises
+        `OSError` for unresolvable ids and missing or malformed files, `ValueError` / `TypeError` naming
+        `config.json` (or the GGUF file) for unsupported architectures (a model of the other Auto class among them),
+        invalid config values or weights that cannot fit in the memory available (checked before anything is built
+        or read), `ValueError` for mismatched weights."""
+        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
+        policy = None if dtype is None else keras.dtype_policies.get(dtype)
+        hub_options = dict(revision=revision, cache_dir=cache_dir, token=token)
+        model = cls._from_single_file(path_or_repo_id, dtype, policy, hub_options)
+        if model is not None:
+            return model
+        directory = resolve_model_directory(path_or_repo_id, **hub_options, local_files_only=local_files_only)
+        config_dict = read_config_dict(directory)
+        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
+                                 lambda: read_safetensors_weights(directory), cls.mapping)
+
+    @classmethod
+    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
+        """The model of a GGUF file or keras-hub preset, or None when `path_or_repo_id` is neither (an HF
+        directory or Hub id). Both hold decoder-only models: here a ValueError pointing to `AutoModelForCausalLM`."""
+        if is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id):
+            raise ValueError(f"{str(path_or_repo_id)!r} is a GGUF file or keras-hub preset, which hold decoder-only "
+                             "models: load it with tfgen.AutoModelForCausalLM")
+        return None
+
+    @classmethod
+    def from_config(cls, config, *, dtype=None):
+        """A randomly initialised model from an HF config dict (dispatching on its `model_type`) or a config
+        object of a registered model (e.g. `GPT2Config`, `T5Config`)."""
+        if isinstance(config, Mapping):
+            model_class = _model_class(config.get("model_type"), cls.mapping)
+            config_dict, config = config, model_class.config_class.from_dict(config)
+        else:
+            model_class = next((model for model in cls.mapping.values() if isinstance(config, model.config_class)),
+                               None)
+            if model_class is None:
+                if any(isinstance(config, model.config_class)
+                       for _, mapping in _AUTO_CLASSES for model in mapping.values()):
+                    _model_class(config.model_type, cls.mapping)  # raises, naming the other Auto class
+                raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
+            config_dict = config.to_dict()
+        model = model_class(config, dtype=dtype)
+        model.generation_config = _default_generation_config(None, _generation_source(model_class, config_dict, config))
+        return model
+
+
+class AutoModelForCausalLM(_AutoModel):
+    """Dispatches on `model_type` through `MODEL_FOR_CAUSAL_LM_MAPPING`; use the class methods."""
+
+    mapping = MODEL_FOR_CAUSAL_LM_MAPPING
+
+    @classmethod
+    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
+        if is_gguf_path(path_or_repo_id):
+            # One file holds the config (as metadata) and the weights (dequantized to float32 once checked).
+            # A file is local: Hub options could do nothing for it.
+            refuse_hub_options(path_or_repo_id, **hub_options)
+            gguf_file = open_gguf(path_or_repo_id)
+            config_dict = hf_config_dict(gguf_file)
+            return _build_pretrained(config_dict, dtype, policy, Path(gguf_file.path), None,
+                                     lambda: read_hf_tensors(gguf_file, config_dict))
+        if is_keras_hub_preset(path_or_repo_id):
+            refuse_hub_options(path_or_repo_id, "keras-hub preset", **hub_options)
+            from tfgen.keras_hub.presets import load_preset_model  # lazy: imports keras-hub
+
+            return load_preset_model(path_or_repo_id, dtype=dtype)
+        return None
+
+
+class AutoModelForSeq2SeqLM(_AutoModel):
+    """Dispatches on `model_type` through `MODEL_FOR_SEQ2SEQ_LM_MAPPING` (encoder-decoder models: `t5`); use the class
+    methods."""
+
+    mapping = MODEL_FOR_SEQ2SEQ_LM_MAPPING
+
+
+def load_generation_model(path_or_repo_id: str | os.PathLike, **options):
+    """The model at `path_or_repo_id` (a directory, Hub id, GGUF file or keras-hub preset) through
+    `AutoModelForSeq2SeqLM` when its `config.json` names an encoder-decoder `model_type`, else through
+    `AutoModelForCausalLM` (what the command line loads `--model` with); `options` go to `from_pretrained`."""
+    if not (is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id)):
+        config_file = Path(path_or_repo_id) / "config.json"
+        model_type = read_config_dict(config_file.parent).get("model_type") if config_file.is_file() else None
+        if model_type in MODEL_FOR_SEQ2SEQ_LM_MAPPING:
+            return AutoModelForSeq2SeqLM.from_pretrained(path_or_repo_id, **options)
+    return AutoModelForCausalLM.from_pretrained(path_or_repo_id, **options)

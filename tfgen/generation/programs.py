@@ -1,0 +1,158 @@
+"""The program cache: one compiled `tf.function` per `DecodeSpec` (and program kind) per model.
+
+A first call of a new program compiles for seconds; it is announced through `logging` (logger
+`tfgen.generation.programs`, INFO), which the `tfgen` command shows on stderr. Library users see it with
+`logging.getLogger("tfgen").setLevel(logging.INFO)` and a handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+import weakref
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfgen.decoding.loop import generate_all, generate_chunk, state_specs
+from tfgen.decoding.strategies import make_loop
+from tfgen.request.prepare import Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ProgramCache:
+    """One model's traced programs, by key; `traces` counts traces (each one is one XLA compilation)."""
+
+    functions: dict = dataclasses.field(default_factory=dict)
+    traces: int = 0
+    #: Streaming state specs by `DecodeSpec` (finding them traces the loop's start).
+    state_specs: dict = dataclasses.field(default_factory=dict)
+
+
+_CACHES: "weakref.WeakKeyDictionary[Any, ProgramCache]" = weakref.WeakKeyDictionary()
+
+
+def program_cache(model) -> ProgramCache:
+    """The model's `ProgramCache` (created on first use; it goes away with the model)."""
+    cache = _CACHES.get(model)
+    if cache is None:
+        cache = _CACHES[model] = ProgramCache()
+    return cache
+
+
+def specs_of(structure):
+    """The TensorSpec nest of a nest of tensors (a fixed input signature: one trace per program)."""
+    return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), structure)
+
+
+def cached_program(model, key: tuple, function: Callable, input_signature: list, jit_compile: bool,
+                   autograph: bool = False):
+    """Returns `(program, is_new)`: `function` compiled once per `key` (XLA) or run as is (eager).
+
+    Autograph is off unless asked for: tfgen's loops use `tf.while_loop` / `tf.cond` explicitly, and
+    converting the traced code took about 1.5 of the 5 seconds of a 124M model's first call. Calls with
+    user logits processors turn it on, since those may use Python control flow on tensors.
+    """
+    cache = program_cache(model)
+    key = key + (jit_compile,)
+    program = cache.functions.get(key)
+    if program is not None:
+        return program, False
+
+    def traced(*args):
+        cache.traces += 1
+        return function(*args)
+
+    if jit_compile:
+        program = tf.function(
+            traced, input_signature=input_signature, jit_compile=True, reduce_retracing=False, autograph=autograph
+        )
+    else:
+        program = function
+    cache.functions[key] = program
+    return program, True
+
+
+def generate_program(model, request: Request, jit_compile: bool = True):
+    """Returns `(program, is_new)`: `program(inputs: DecodeInputs) -> dict`, the whole generation of
+    `request.spec` (see `DecodingLoop.result` for the dict)."""
+    spec = request.spec
+    return cached_program(
+        model, ("generate", spec), lambda inputs: generate_all(make_loop(model, spec), inputs),
+        [specs_of(request.inputs)], jit_compile, autograph=bool(spec.user_processors),
+    )
+
+
+def encode_ahead(model, request: Request, jit_compile: bool = True) -> Request:
+    """Runs an encoder-decoder request's encoder before its generate program (`request.encode_ahead`: the call asked
+    for `output_hidden_states`): one cached program per encoder shape returns every layer's states. Returns the request
+    with the encoder's output in `inputs.encoder.hidden_states` (the program then does not encode again) and HF's
+    `encoder_hidden_states` (`num_layers + 1` float32 `[prompts, S, D]`, bucket rows and columns cut)."""
+    encoder = request.inputs.encoder
+    program, is_new = cached_program(
+        model, ("encode", tuple(encoder.input_ids.shape)),
+        lambda ids, mask: model.encode(ids, mask, output_hidden_states=True),
+        [specs_of(encoder.input_ids), specs_of(encoder.attention_mask)], jit_compile,
+    )
+    with announce_compile(request, is_new and jit_compile, what="the encoder"):
+        output, layers = program(encoder.input_ids, encoder.attention_mask)
+    # One row per prompt: sampling's num_return_sequences copies (made on the host) share their encoder input.
+    prompt_rows = tf.range(0, request.batch_size, request.host_copies)
+    start = int(encoder.start)
+    states = tuple(tf.cast(tf.gather(layer, prompt_rows)[:, start:], tf.float32) for layer in layers)
+    encoder = encoder._replace(hidden_states=tf.cast(output, tf.float32))
+    return dataclasses.replace(request, inputs=request.inputs._replace(encoder=encoder),
+                               encoder_hidden_states=states, encode_ahead=False)
+
+
+class ChunkedProgram:
+    """The chunked form of a request's loop (streaming, `max_time`): `run(inputs, state, first)` ->
+    `(state, finished)` runs up to `chunk_steps` steps (starting the loop when `first`), and
+    `result(inputs, state)` packs the outputs."""
+
+    def __init__(self, model, request: Request, chunk_steps: int, jit_compile: bool):
+        spec = request.spec
+        self.loop = make_loop(model, spec)
+        cache = program_cache(model)
+        if spec not in cache.state_specs:
+            cache.state_specs[spec] = state_specs(self.loop, request.inputs)
+        self.state_specs = cache.state_specs[spec]
+        loop = self.loop
+        self.run, self.is_new = cached_program(
+            model, ("chunk", spec, chunk_steps),
+            lambda inputs, state, first: generate_chunk(loop, inputs, state, first, chunk_steps),
+            [specs_of(request.inputs), self.state_specs, tf.TensorSpec([], tf.bool)],
+            jit_compile, autograph=bool(spec.user_processors),
+        )
+
+    def initial_state(self):
+        """Zeros in the shape of the loop's state: what the first chunk (`first=True`) is given."""
+        return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), self.state_specs)
+
+    def result(self, inputs, state) -> dict:
+        return self.loop.result(inputs, state)
+
+    def tokens(self, state) -> tuple[int, Any]:
+        """`(steps, sequences)` of a chunk's state: tokens chosen so far and the int32 `[B, T + N]` buffer."""
+        decode = self.loop.decode_state(state)
+        return int(decode.step), decode.sequences
+
+
+@contextlib.contextmanager
+def announce_compile(request: Request, compiling: bool, what: str = "generate"):
+    """Logs that a first call is compiling (it takes seconds, so nobody thinks it hung), and how long it took."""
+    if not compiling:
+        yield
+        return
+    batch, length = request.inputs.input_ids.shape
+    logger.info(
+        "compiling %s for batch %d, prompt length %d, %d new tokens ...",
+        what, batch, length, request.spec.buffer_new_tokens,
+    )
+    began = time.perf_counter()
+    yield
+    logger.info("compiled %s in %.1f s", what, time.perf_counter() - began)
