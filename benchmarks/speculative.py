@@ -119,11 +119,11 @@ def parse_group(text: str) -> dict:
 
 def load_model():
     """(float32 model, tokenizer, GGUF path) of SmolLM2-135M-Instruct, from tfgen's model cache."""
-    from tfgen import AutoModelForCausalLM, Tokenizer
+    from tfgen import AutoModelForCausalLM, AutoTokenizer
     from tfgen.hub.pull import pull
 
     path = str(pull(MODEL, progress=False))
-    return AutoModelForCausalLM.from_pretrained(path), Tokenizer.from_pretrained(path), path
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
 
 
 def truncated_copy(model, layers: int):

@@ -146,7 +146,7 @@ def main() -> None:
     from tfgen.hub.pull import pull
 
     path = os.fspath(pull("smollm2-135m-instruct", progress=False))
-    tokenizer = tfgen.Tokenizer.from_pretrained(path)
+    tokenizer = tfgen.AutoTokenizer.from_pretrained(path)
     vocab_size = tokenizer.vocab_size
     report = {"vocab_size": vocab_size, "build": build_costs(tokenizer, vocab_size),
               "mask": mask_costs(tokenizer, vocab_size, args.steps, args.repeats)}

@@ -38,7 +38,7 @@ def measure(label: str, first_form: str, root: str) -> dict:
 
     path = default_model_path()
     model = tfgen.AutoModelForCausalLM.from_pretrained(path)
-    tokenizer = tfgen.Tokenizer.from_pretrained(path)
+    tokenizer = tfgen.AutoTokenizer.from_pretrained(path)
     encoded = tokenizer(["def add(a, b):", "import"], return_tensors="np")
     ids, mask = encoded["input_ids"].astype(np.int32), encoded["attention_mask"].astype(np.int32)
     rows = {"seed": np.array([[1, 2], [3, 4]], np.int32), "temperature": np.ones([2], np.float32),

@@ -10,7 +10,7 @@ import pytest
 from gguf_files import build_hf_model, byte_level_vocabulary, hf_gguf_checkpoint, llama_cpp_rope_freqs, write_gguf
 from tfgen.cli import main
 from tfgen.auto.models import AutoModelForCausalLM
-from tfgen.text.tokenizer import Tokenizer
+from tfgen.auto.tokenizer import AutoTokenizer
 
 VOCAB = len(byte_level_vocabulary()[0])
 PROMPTS = ["The quick brown fox", "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"]
@@ -59,7 +59,7 @@ def test_llama3_rope_scaling_file_generates_as_the_original_model(tmp_path):
 def _assert_same_greedy_tokens(path, hf_model):
     import torch
 
-    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     assert model.generation_config.eos_token_id == 2 and model.generation_config.pad_token_id == 0
     batch = tokenizer(PROMPTS)
@@ -74,7 +74,7 @@ def _assert_same_greedy_tokens(path, hf_model):
 
 def test_cli_generate_from_a_gguf_file(tmp_path, capsys):
     path = write_gguf(tmp_path / "m.gguf", build_hf_model("llama", VOCAB), arch="llama", qtype="Q4_0")
-    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     prompt = tokenizer("Hello world")
     expected = model.generate(prompt["input_ids"], max_new_tokens=4, do_sample=False, eos_token_id=None,
@@ -106,7 +106,7 @@ def test_cli_export_of_a_gguf_file_answers_like_generate(tmp_path):
     out = tmp_path / "export"
     # The qwen2 pre-tokenizer has no in-graph form, so the text signature is left out (and asked for, refused).
     assert main(["export", "--model", str(path), str(out), "--signatures", "greedy", "--max-new-tokens", "6"]) == 0
-    batch = Tokenizer.from_pretrained(path)(PROMPTS)
+    batch = AutoTokenizer.from_pretrained(path)(PROMPTS)
     served = tf.saved_model.load(str(out / "1")).signatures["greedy"](
         input_ids=tf.constant(batch["input_ids"]), attention_mask=tf.constant(batch["attention_mask"]),
         max_new_tokens=tf.constant([6, 6]),

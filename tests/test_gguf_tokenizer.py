@@ -1,6 +1,6 @@
 """The tokenizer rebuilt from a GGUF file (tfgen/gguf/tokenizer.py): the same ids as HF's tokenizer built from the
 same file where HF follows llama.cpp, llama.cpp's splits per `tokenizer.ggml.pre`, special / added tokens,
-bos / eos handling and the `Tokenizer.from_pretrained` hook."""
+bos / eos handling and the `AutoTokenizer.from_pretrained` hook."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from gguf_files import TEXTS, USER_TOKEN, build_hf_model, byte_level_vocabulary, sentencepiece_vocabulary, write_gguf
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tokenizer import PRE_TOKENIZERS, build_backend, byte_level_pre_tokenizer
-from tfgen.text.tokenizer import Tokenizer
+from tfgen.auto.tokenizer import AutoTokenizer
 
 VOCAB = len(byte_level_vocabulary()[0])
 SPM_VOCAB = len(sentencepiece_vocabulary()[0])
@@ -40,7 +40,7 @@ def _hf_tokenizer(path):
 ])
 def test_ids_equal_transformers_tokenizer_from_the_same_file(tmp_path, arch, options):
     path = _file(tmp_path, arch, **options)
-    ours, theirs = Tokenizer.from_pretrained(path), _hf_tokenizer(path)
+    ours, theirs = AutoTokenizer.from_pretrained(path), _hf_tokenizer(path)
     texts = TEXTS + ["<s>inline</s> special", "x" * 40, ""] if options.get("tokenizer") == "llama" else TEXTS
     for text in texts:
         ids = ours.encode(text, add_special_tokens=False)
@@ -57,7 +57,7 @@ def test_ids_equal_transformers_tokenizer_from_the_same_file(tmp_path, arch, opt
 
 
 def test_byte_level_text_round_trips_and_specials(tmp_path):
-    tokenizer = Tokenizer.from_pretrained(_file(tmp_path, pre="smollm"))
+    tokenizer = AutoTokenizer.from_pretrained(_file(tmp_path, pre="smollm"))
     for text in TEXTS:
         assert tokenizer.decode(tokenizer.encode(text)) == text
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", "<|im_end|>",
@@ -72,13 +72,13 @@ def test_byte_level_text_round_trips_and_specials(tmp_path):
 
 def test_add_bos_and_eos_tokens(tmp_path):
     eos = {"tokenizer.ggml.add_eos_token": (True, BOOL)}
-    tokenizer = Tokenizer.from_pretrained(_file(tmp_path, add_bos=True, metadata=eos))
+    tokenizer = AutoTokenizer.from_pretrained(_file(tmp_path, add_bos=True, metadata=eos))
     body = tokenizer.encode("Hello world", add_special_tokens=False)
     assert tokenizer.encode("Hello world") == [1, *body, 2]
     assert tokenizer(["Hello world"], max_length=3, truncation=True)["input_ids"].tolist() == [[1, body[-1], 2]]
     # llama.cpp adds bos by default for Llama 3's pre-tokenizer, not for GPT-2's.
-    assert Tokenizer.from_pretrained(_file(tmp_path, name="l3.gguf", pre="llama-bpe", add_bos=None)).encode("a")[0] == 1
-    assert Tokenizer.from_pretrained(_file(tmp_path, name="g2.gguf", pre="gpt-2", add_bos=None)).encode("a")[0] != 1
+    assert AutoTokenizer.from_pretrained(_file(tmp_path, name="l3.gguf", pre="llama-bpe", add_bos=None)).encode("a")[0] == 1
+    assert AutoTokenizer.from_pretrained(_file(tmp_path, name="g2.gguf", pre="gpt-2", add_bos=None)).encode("a")[0] != 1
 
 
 # Splits before BPE, per llama.cpp's regexes for each pre-tokenizer (byte-level pieces: "Ġ" is a space).
@@ -118,10 +118,10 @@ def test_unsupported_tokenizer_metadata(tmp_path):
     for index, (metadata, match) in enumerate(cases):
         path = _file(tmp_path, name=f"bad{index}.gguf", metadata=metadata)
         with pytest.raises(ValueError, match=match) as raised:
-            Tokenizer.from_pretrained(path)
+            AutoTokenizer.from_pretrained(path)
         assert f"bad{index}.gguf" in str(raised.value)
     with pytest.raises(OSError, match="absent.gguf"):
-        Tokenizer.from_pretrained(tmp_path / "absent.gguf")
+        AutoTokenizer.from_pretrained(tmp_path / "absent.gguf")
 
 
 def test_build_backend_reports_special_tokens(tmp_path):
@@ -136,7 +136,7 @@ def test_hub_options_are_refused_with_a_gguf_file(tmp_path):
     path = _file(tmp_path)
     for option, value in (("revision", "v2"), ("cache_dir", tmp_path), ("token", "hf_x")):
         with pytest.raises(ValueError, match=rf"{option} is a Hub option.*m.gguf"):
-            Tokenizer.from_pretrained(path, **{option: value})
+            AutoTokenizer.from_pretrained(path, **{option: value})
     with pytest.raises(ValueError, match=r"revision, token are Hub options"):
-        Tokenizer.from_pretrained(tmp_path / "absent.gguf", revision="main", token=False)
-    assert Tokenizer.from_pretrained(path, local_files_only=True).vocab_size == VOCAB
+        AutoTokenizer.from_pretrained(tmp_path / "absent.gguf", revision="main", token=False)
+    assert AutoTokenizer.from_pretrained(path, local_files_only=True).vocab_size == VOCAB

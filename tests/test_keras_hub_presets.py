@@ -45,7 +45,7 @@ def preset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(preset):
     directory, _ = preset
-    return tfgen.AutoModelForCausalLM.from_pretrained(directory), tfgen.Tokenizer.from_pretrained(directory)
+    return tfgen.AutoModelForCausalLM.from_pretrained(directory), tfgen.AutoTokenizer.from_pretrained(directory)
 
 
 def test_preset_loads_as_a_wrapped_model_with_keras_hubs_tokenizer(preset, loaded):

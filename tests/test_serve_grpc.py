@@ -36,7 +36,7 @@ from tfgen import serving
 from tfgen.cli import build_parser, main
 from tfgen.commands import serve as serve_command
 from tfgen.serving.grpc_api import GrpcModelServer
-from tfgen.serving.requests import ServedModel
+from tfgen.serving.served_model import ServedModel
 
 CODE = grpc.StatusCode
 

@@ -18,7 +18,7 @@ from test_serve import call
 
 from tfgen.export import export_saved_model
 from tfgen.serving import ModelServer, serve, start_in_thread
-from tfgen.serving.requests import RequestError
+from tfgen.serving.errors import RequestError
 from tfgen.serving.versions import ServedModels, check_polling_options
 
 MODEL = "tiny"

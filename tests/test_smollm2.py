@@ -54,9 +54,9 @@ def hf_smollm2(smollm2_gguf, hf_tokenizer):
 
 def test_tokenizer_gives_llama_cpps_and_hfs_ids_and_the_text_back(smollm2_gguf, hf_tokenizer):
     from gguf_files import TEXTS
-    from tfgen import Tokenizer
+    from tfgen import AutoTokenizer
 
-    tokenizer = Tokenizer.from_pretrained(smollm2_gguf)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf)
     for text in TEXTS + list(SMOLLM2_IDS):
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert ids == hf_tokenizer(text, add_special_tokens=False)["input_ids"], text
@@ -68,10 +68,10 @@ def test_tokenizer_gives_llama_cpps_and_hfs_ids_and_the_text_back(smollm2_gguf, 
 def test_chat_answer_is_hf_pytorchs_token_for_token_and_says_paris(smollm2_gguf, hf_smollm2):
     import torch
 
-    from tfgen import AutoModelForCausalLM, Tokenizer
+    from tfgen import AutoModelForCausalLM, AutoTokenizer
 
     hf_tokenizer, hf_model = hf_smollm2
-    tokenizer = Tokenizer.from_pretrained(smollm2_gguf)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf)
     prompt_ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
     assert prompt_ids == hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
 

@@ -48,7 +48,7 @@ def shipped():
 def export(shipped, tmp_path_factory):
     """(version folder, the export loaded for serving with continuous batching asked for)."""
     from tfgen.export import export_saved_model
-    from tfgen.serving.requests import load_export
+    from tfgen.serving.served_model import load_export
 
     model, tokenizer = shipped
     root = tmp_path_factory.mktemp("structured_export")
@@ -174,7 +174,7 @@ def test_structured_signature_takes_two_regexes_of_one_bucket_in_one_program(shi
 
 
 def test_structured_signature_refuses_tables_indexing_outside_themselves(shipped, export):
-    from tfgen.serving.requests import RequestError
+    from tfgen.serving.errors import RequestError
     from tfgen.structured.automaton import build_automaton
 
     model, tokenizer = shipped

@@ -11,7 +11,8 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tfgen.text.tokenizer import IncrementalDecoder, Tokenizer
+from tfgen.text.tokenizer import Tokenizer
+from tfgen.text.tokenizer_base import IncrementalDecoder
 
 _WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "café", "crème", "brûlée", "naïve",
           "über", "hello", "world", "model", "token", "stream", "日本", "語"]

@@ -18,6 +18,7 @@ compile_cache.configure()
 _EXPORTS = {
     "AutoModelForCausalLM": "tfgen.auto.models",
     "AutoModelForSeq2SeqLM": "tfgen.auto.models",
+    "AutoTokenizer": "tfgen.auto.tokenizer",
     "BucketPolicy": "tfgen.request.prepare",
     "DEFAULT_MODEL": "tfgen.hub.default_model",
     "DisjunctiveConstraint": "tfgen.decoding.constraints",

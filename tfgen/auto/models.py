@@ -3,7 +3,6 @@ config."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,26 +10,27 @@ from typing import Any
 
 import keras
 
-from tfgen.config.generation_config import GenerationConfig
 from tfgen.gguf import is_gguf_path, refuse_hub_options
 from tfgen.gguf.config import hf_config_dict
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tensors import read_hf_tensors
+from tfgen.keras_hub.adapter import from_preset as keras_hub_preset
 from tfgen.keras_hub.presets import is_keras_hub_preset
 from tfgen.models.gpt2 import GPT2LMHeadModel
 from tfgen.models.llama import LlamaForCausalLM
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
+from tfgen.models.pretrained import build_pretrained, default_generation_config, generation_source, naming_the_file
 from tfgen.models.t5 import T5ForConditionalGeneration
 
 # config.json `model_type` -> model class (each with a `config_class` offering `from_dict`).
 MODEL_FOR_CAUSAL_LM_MAPPING: dict[str, type] = {
-    "gpt2": GPT2LMHeadModel,
-    **{model_type: LlamaForCausalLM for model_type in ("llama", "mistral", "qwen2", "qwen3")},
+    model_type: model_class for model_class in (GPT2LMHeadModel, LlamaForCausalLM)
+    for model_type in model_class.model_types
 }
-
-
 # config.json `model_type` -> encoder-decoder model class.
-MODEL_FOR_SEQ2SEQ_LM_MAPPING: dict[str, type] = {"t5": T5ForConditionalGeneration}
+MODEL_FOR_SEQ2SEQ_LM_MAPPING: dict[str, type] = {
+    model_type: model_class for model_class in (T5ForConditionalGeneration,) for model_type in model_class.model_types
+}
 
 # Each mapping with the Auto class that loads it, to point a caller at the other one.
 _AUTO_CLASSES = (("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING),
@@ -46,54 +46,6 @@ def _model_class(model_type: Any, mapping: Mapping[str, type] = MODEL_FOR_CAUSAL
                                  f"tfgen.{auto_name} (supported here: {sorted(mapping)})")
         raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(mapping)}")
     return model_class
-
-
-def _default_generation_config(
-    directory: Path | None, config_dict: Mapping[str, Any], config_path: Path | None = None
-):
-    """The checkpoint's `generation_config.json` when there is one, else the one HF derives from the
-    model config (its errors naming `config_path`, the file the config was read from, when given)."""
-    if directory is not None and (directory / "generation_config.json").is_file():
-        return GenerationConfig.from_pretrained(directory)
-    with _naming_the_file(config_path):
-        return GenerationConfig.from_model_config(dict(config_dict))
-
-
-@contextlib.contextmanager
-def _naming_the_file(path: Path | None):
-    """Prefixes the message of a ValueError or TypeError raised in the block with `path` (when not None), so that
-    a bad value read from a file says which file to fix."""
-    try:
-        yield
-    except (ValueError, TypeError) as error:
-        if path is None:
-            raise
-        raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{str(path)!r}: {error}") from None
-
-
-def _generation_source(model_class: type, config_dict: Mapping[str, Any], config) -> Mapping[str, Any]:
-    """The dict a default generation config is derived from: `config_dict` as given, except for an encoder-decoder,
-    where HF derives it from the config object, whose defaults fill absent keys (T5's pad and eos ids; the decoder's
-    start id, too, must be there for generate to begin)."""
-    return {**config_dict, **config.to_dict()} if getattr(model_class, "is_encoder_decoder", False) else config_dict
-
-
-def _build_pretrained(config_dict, dtype, policy, config_path: Path, directory: Path | None, read_weights,
-                      mapping: Mapping[str, type] = MODEL_FOR_CAUSAL_LM_MAPPING):
-    """The model of `config_dict` (read from `config_path`, named in its errors; its class from `mapping`) with the
-    weights `read_weights()` returns and the generation config of `directory` (None: the one derived from the
-    config)."""
-    with _naming_the_file(config_path):
-        model_class = _model_class(config_dict.get("model_type"), mapping)
-        config = model_class.config_class.from_dict(config_dict)
-        # Before a layer is built or a weight read: a model too large for this host is refused at once.
-        config.check_fits_in_memory(policy)
-    generation_config = _default_generation_config(directory, _generation_source(model_class, config_dict, config),
-                                                   config_path)
-    model = model_class(config, dtype=dtype)
-    model.load_hf_state_dict(read_weights())
-    model.generation_config = generation_config
-    return model
 
 
 class _AutoModel:
@@ -134,8 +86,11 @@ class _AutoModel:
             return model
         directory = resolve_model_directory(path_or_repo_id, **hub_options, local_files_only=local_files_only)
         config_dict = read_config_dict(directory)
-        return _build_pretrained(config_dict, dtype, policy, directory / "config.json", directory,
-                                 lambda: read_safetensors_weights(directory), cls.mapping)
+        config_path = directory / "config.json"
+        with naming_the_file(config_path):
+            model_class = _model_class(config_dict.get("model_type"), cls.mapping)
+        return build_pretrained(model_class, config_dict, dtype, policy, config_path, directory,
+                                lambda: read_safetensors_weights(directory))
 
     @classmethod
     def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
@@ -163,7 +118,7 @@ class _AutoModel:
                 raise TypeError(f"config must be a dict or a registered config object, got {type(config).__name__}")
             config_dict = config.to_dict()
         model = model_class(config, dtype=dtype)
-        model.generation_config = _default_generation_config(None, _generation_source(model_class, config_dict, config))
+        model.generation_config = default_generation_config(None, generation_source(model_class, config_dict, config))
         return model
 
 
@@ -180,13 +135,14 @@ class AutoModelForCausalLM(_AutoModel):
             refuse_hub_options(path_or_repo_id, **hub_options)
             gguf_file = open_gguf(path_or_repo_id)
             config_dict = hf_config_dict(gguf_file)
-            return _build_pretrained(config_dict, dtype, policy, Path(gguf_file.path), None,
-                                     lambda: read_hf_tensors(gguf_file, config_dict))
+            config_path = Path(gguf_file.path)
+            with naming_the_file(config_path):
+                model_class = _model_class(config_dict.get("model_type"), cls.mapping)
+            return build_pretrained(model_class, config_dict, dtype, policy, config_path, None,
+                                    lambda: read_hf_tensors(gguf_file, config_dict))
         if is_keras_hub_preset(path_or_repo_id):
             refuse_hub_options(path_or_repo_id, "keras-hub preset", **hub_options)
-            from tfgen.keras_hub.presets import load_preset_model  # lazy: imports keras-hub
-
-            return load_preset_model(path_or_repo_id, dtype=dtype)
+            return keras_hub_preset(path_or_repo_id, dtype=dtype)
         return None
 
 

@@ -73,14 +73,14 @@ def run(args) -> int:
     from tfgen.batch.joblock import OutputLock
     from tfgen.hub.pull import resolve_model_argument
     from tfgen.auto.models import load_generation_model
-    from tfgen.text.tokenizer import Tokenizer
+    from tfgen.auto.tokenizer import AutoTokenizer
 
     model_path = resolve_model_argument(args.model, progress=not args.no_progress)
     strategy = make_strategy(args.strategy, tpu=args.tpu)
     if strategy.extended.should_checkpoint:
         OutputLock(args.output).check_free()  # refuse a second run on this output before loading the model
     try:
-        tokenizer = Tokenizer.from_pretrained(args.tokenizer or model_path)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model_path)
     except OSError as error:
         if args.tokenizer:
             raise

@@ -138,7 +138,7 @@ def export_model(
     from tfgen.hub.pull import resolve_model_argument
     from tfgen.auto.models import load_generation_model
     from tfgen.models.loading import resolve_model_directory
-    from tfgen.text.tokenizer import Tokenizer
+    from tfgen.auto.tokenizer import AutoTokenizer
 
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.
@@ -150,7 +150,7 @@ def export_model(
     if stop_strings or constrained or (text and (signatures is None or "generate_text" in signatures)):
         # Only a missing tokenizer.json is a reason to skip generate_text; a malformed one is an error.
         if has_tokenizer or signatures is not None or stop_strings or constrained:
-            tokenizer = Tokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source)
         else:
             logger.warning("no tokenizer.json next to the model, so no generate_text signature")
     if stop_strings:

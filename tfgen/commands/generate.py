@@ -59,14 +59,14 @@ def run(args) -> int:
     from tfgen.hub.pull import resolve_model_argument
     from tfgen.auto.models import load_generation_model
     from tfgen.generation.streaming import TextStreamer
-    from tfgen.text.tokenizer import Tokenizer
+    from tfgen.auto.tokenizer import AutoTokenizer
 
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat (it is the system message of the chat)")
     drafting = drafting_options(args)
     structured = structured_options(args)
     model_path = resolve_model_argument(args.model)
-    tokenizer = Tokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
     # ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and refuses it, naming
     # bos_token_id, when the model has none).

@@ -34,7 +34,7 @@ from tfgen.export.slot_signatures import export_slot_programs, slot_functions, s
 from tfgen.export.structured_inputs import (STRUCTURED_SIGNATURE, STRUCTURED_SPEC, check_structured_inputs,
                                             constrain_export, constraint_info, constraint_line, placeholder_tables,
                                             table_checks, table_shapes)
-from tfgen.export.text_graph import in_graph_tokenizer, text_signature_functions
+from tfgen.export.text_graph import text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
 from tfgen.config.knobs import KNOBS, declared
 from tfgen.request.prepare import base_config, decode_spec, knob_values, pad_token_id_of
@@ -280,7 +280,7 @@ class _Exporter:
         # The `regex` / `json_schema` automaton baked into every table signature (built once, before any trace).
         self.automaton = constraint_automaton(config, tokenizer, self.vocab_size)
         self.table_shapes = table_shapes  # {knob: shape} of the tables a `structured` signature takes
-        self.text = in_graph_tokenizer(tokenizer, self.vocab_size) if text_signature else None
+        self.text = tokenizer.in_graph(self.vocab_size) if text_signature else None
         self.module.text_tokenizer = None if self.text is None else self.text.layer
         self._decoders = {}
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional, TextIO
 
 import numpy as np
 
-from tfgen.text.tokenizer import IncrementalDecoder, Tokenizer
+from tfgen.text.tokenizer_base import BaseTokenizer, IncrementalDecoder
 
 
 class BaseStreamer:
@@ -62,7 +62,7 @@ class TextStreamer(BaseStreamer):
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: BaseTokenizer,
         skip_prompt: bool = False,
         skip_special_tokens: bool = True,
         stream: Optional[TextIO] = None,
@@ -118,7 +118,7 @@ class TextIteratorStreamer(TextStreamer):
 
     _END = object()
 
-    def __init__(self, tokenizer: Tokenizer, skip_prompt: bool = False, timeout: Optional[float] = None, **options):
+    def __init__(self, tokenizer: BaseTokenizer, skip_prompt: bool = False, timeout: Optional[float] = None, **options):
         super().__init__(tokenizer, skip_prompt=skip_prompt, **options)
         self.timeout = timeout
         self._queue: queue.Queue = queue.Queue()

@@ -8,7 +8,7 @@ from tfgen.lazy import lazy_exports
 
 _EXPORTS = {
     "KerasHubCausalLM": "tfgen.keras_hub.adapter",
-    "KerasHubConfig": "tfgen.keras_hub.adapter",
+    "KerasHubConfig": "tfgen.keras_hub.config",
     "KerasHubTokenizer": "tfgen.keras_hub.tokenizer",
     "from_keras_hub": "tfgen.keras_hub.adapter",
     "supported_backbones": "tfgen.keras_hub.adapter",

@@ -4,41 +4,31 @@ runs on it."""
 
 from __future__ import annotations
 
-import dataclasses
+import os
+
 import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationConfig
+from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
+from tfgen.keras_hub.config import KerasHubConfig, model_config, sampler_generation_config
+from tfgen.keras_hub.gemma import GemmaDecoderStyle
+from tfgen.keras_hub.gpt2 import GPT2DecoderStyle
+from tfgen.keras_hub.presets import keras_hub_module
+from tfgen.keras_hub.rotary import RotaryDecoderStyle
 from tfgen.keras_hub.styles import DecoderStyle
+from tfgen.keras_hub.tokenizer import KerasHubTokenizer
 from tfgen.models.attention import attention_masks
 from tfgen.models.layers import query_slots
-from tfgen.decoding.model_protocol import CacheStepOutput
 
 
-def _styles() -> list[type[DecoderStyle]]:
-    from tfgen.keras_hub.gemma import GemmaDecoderStyle
-    from tfgen.keras_hub.gpt2 import GPT2DecoderStyle
-    from tfgen.keras_hub.rotary import RotaryDecoderStyle
-
-    return [RotaryDecoderStyle, GemmaDecoderStyle, GPT2DecoderStyle]
+#: One decoder style per family of backbones, tried in this order.
+_STYLES: tuple[type[DecoderStyle], ...] = (RotaryDecoderStyle, GemmaDecoderStyle, GPT2DecoderStyle)
 
 
 def supported_backbones() -> list[str]:
     """The keras-hub backbone class names `from_keras_hub` runs."""
-    return sorted(name for style in _styles() for name in style.backbone_classes)
-
-
-@dataclasses.dataclass
-class KerasHubConfig:
-    """What tfgen reads of a model config, taken from the keras-hub backbone and its preprocessor's tokenizer."""
-
-    model_type: str
-    vocab_size: int
-    num_hidden_layers: int
-    max_position_embeddings: int | None
-    bos_token_id: int | None
-    eos_token_id: list[int] | None
-    pad_token_id: int | None
+    return sorted(name for style in _STYLES for name in style.backbone_classes)
 
 
 class KerasHubCausalLM(TFGenerationMixin):
@@ -127,16 +117,13 @@ def from_keras_hub(causal_lm, *, generation_config: GenerationConfig | None = No
     Raises TypeError for anything but a keras-hub CausalLM, ValueError naming what is unsupported (another
     backbone, a vision-enabled Gemma 3, a sublayer this keras-hub release names differently).
     """
-    try:
-        import keras_hub
-    except ImportError as error:
-        raise ImportError("from_keras_hub needs keras-hub: pip install 'tfgen[keras-hub]'") from error
+    keras_hub = keras_hub_module("from_keras_hub")
     if not isinstance(causal_lm, keras_hub.models.CausalLM):
         raise TypeError(f"causal_lm must be a keras_hub.models.CausalLM, got {type(causal_lm).__name__}")
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         raise TypeError(f"generation_config must be a tfgen.GenerationConfig, got {type(generation_config).__name__}")
     backbone_name = type(causal_lm.backbone).__name__
-    style_class = next((style for style in _styles() if backbone_name in style.backbone_classes), None)
+    style_class = next((style for style in _STYLES if backbone_name in style.backbone_classes), None)
     if style_class is None:
         raise ValueError(
             f"causal_lm: {type(causal_lm).__name__} with a {backbone_name} is not supported; supported backbones: "
@@ -144,12 +131,21 @@ def from_keras_hub(causal_lm, *, generation_config: GenerationConfig | None = No
         )
     style = style_class(causal_lm)
     style.check()
-    from tfgen.keras_hub.defaults import model_config, sampler_generation_config
-    from tfgen.keras_hub.tokenizer import KerasHubTokenizer
-
     preprocessor = getattr(causal_lm, "preprocessor", None)
     tokenizer = None if preprocessor is None else KerasHubTokenizer(preprocessor)
     config = model_config(causal_lm, style, tokenizer)
     if generation_config is None:
         generation_config = sampler_generation_config(causal_lm, config)
     return KerasHubCausalLM(causal_lm, style, config, generation_config.copy(), tokenizer)
+
+
+def from_preset(path, dtype=None) -> KerasHubCausalLM:
+    """`from_keras_hub` of a keras-hub preset directory's `CausalLM` (with its preprocessor), in `dtype` (default: the
+    preset's)."""
+    keras_hub = keras_hub_module()
+    options = {} if dtype is None else {"dtype": dtype}
+    try:
+        causal_lm = keras_hub.models.CausalLM.from_preset(os.fspath(path), **options)
+    except ValueError as error:
+        raise ValueError(f"{os.fspath(path)!r}: keras-hub cannot load a CausalLM from this preset: {error}") from None
+    return from_keras_hub(causal_lm)

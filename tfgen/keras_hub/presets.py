@@ -1,9 +1,11 @@
-"""keras-hub preset directories (what `causal_lm.save_to_preset(directory)` writes) as tfgen models and tokenizers,
-so `--model ./preset` works in `tfgen generate`, `export` and `batch`, and `AutoModelForCausalLM.from_pretrained`
-and `Tokenizer.from_pretrained` take the directory."""
+"""keras-hub preset directories (what `causal_lm.save_to_preset(directory)` writes): telling one apart, cheaply and
+without TensorFlow, before anything loads (`tfgen.AutoModelForCausalLM` and `tfgen.AutoTokenizer` take the directory,
+so `--model ./preset` works in `tfgen generate`, `export` and `batch`), and importing keras-hub, an optional
+dependency, with an error that says how to install it."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -21,34 +23,10 @@ def is_keras_hub_preset(path) -> bool:
         return False
 
 
-def _keras_hub():
+def keras_hub_module(needed_by: str = "loading a keras-hub preset"):
+    """The `keras_hub` package (an optional dependency, imported on first need); ImportError saying how to install
+    it."""
     try:
-        import keras_hub
+        return importlib.import_module("keras_hub")
     except ImportError as error:
-        raise ImportError("loading a keras-hub preset needs keras-hub: pip install 'tfgen[keras-hub]'") from error
-    return keras_hub
-
-
-def load_preset_model(path, dtype=None):
-    """`from_keras_hub` of the preset's `CausalLM` (with its preprocessor), in `dtype` (default: the preset's)."""
-    from tfgen.keras_hub.adapter import from_keras_hub
-
-    keras_hub = _keras_hub()
-    options = {} if dtype is None else {"dtype": dtype}
-    try:
-        causal_lm = keras_hub.models.CausalLM.from_preset(os.fspath(path), **options)
-    except ValueError as error:
-        raise ValueError(f"{os.fspath(path)!r}: keras-hub cannot load a CausalLM from this preset: {error}") from None
-    return from_keras_hub(causal_lm)
-
-
-def load_preset_tokenizer(path, padding_side: str = "left"):
-    """The `KerasHubTokenizer` of the preset's causal-LM preprocessor."""
-    from tfgen.keras_hub.tokenizer import KerasHubTokenizer
-
-    keras_hub = _keras_hub()
-    try:
-        preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(os.fspath(path))
-    except ValueError as error:
-        raise OSError(f"{os.fspath(path)!r}: no causal-LM preprocessor in this keras-hub preset: {error}") from None
-    return KerasHubTokenizer(preprocessor, padding_side=padding_side)
+        raise ImportError(f"{needed_by} needs keras-hub: pip install 'tfgen[keras-hub]'") from error

@@ -1,4 +1,4 @@
-"""`KerasHubTokenizer`: a keras-hub preprocessor's tokenizer behind `tfgen.Tokenizer`'s interface (left padding,
+"""`KerasHubTokenizer`: a keras-hub preprocessor's tokenizer as a tfgen tokenizer (`BaseTokenizer`: left padding,
 truncation, decoding, stop strings, streaming), so text goes in and out as keras-hub's own `generate()` handles it."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfgen.export.text_graph import InGraphTokenizer
-from tfgen.text.tokenizer import Tokenizer, as_id_list, check_text
+from tfgen.keras_hub.presets import keras_hub_module
+from tfgen.text.in_graph import InGraphTokenizer
+from tfgen.text.tokenizer_base import BaseTokenizer, as_id_list, check_text
 
 
-class KerasHubTokenizer(Tokenizer):
+class KerasHubTokenizer(BaseTokenizer):
     """Tokenizes with `preprocessor.tokenizer` (a keras-hub BytePair or SentencePiece tokenizer, TF ops): the ids of
     keras-hub's `generate()`, which adds the start token when the preprocessor's `add_start_token` is set (as
     `add_special_tokens=True` does here) and never the end token.
@@ -26,7 +27,6 @@ class KerasHubTokenizer(Tokenizer):
     """
 
     def __init__(self, preprocessor, padding_side: str = "left"):
-        # Not Tokenizer.__init__: that one wraps a `tokenizers.Tokenizer`.
         self.layer = preprocessor.tokenizer
         self._add_start_token = bool(getattr(preprocessor, "add_start_token", False))
         layer = self.layer
@@ -35,13 +35,22 @@ class KerasHubTokenizer(Tokenizer):
             "eos": getattr(layer, "end_token_id", None),
             "pad": getattr(layer, "pad_token_id", None),
         }
-        self._special_tokens = {
-            name: None if token_id is None else str(layer.id_to_token(token_id)) for name, token_id in self._ids.items()
-        }
+        super().__init__(
+            {name: None if token_id is None else str(layer.id_to_token(token_id)) for name, token_id in self._ids.items()},
+            padding_side=padding_side,
+        )
         self.stop_token_ids = [i for i in (self._ids["eos"], getattr(layer, "end_token2_id", None)) if i is not None]
         self.special_ids = np.array(sorted(set(getattr(layer, "special_token_ids", []) or [])), np.int64)
-        self.padding_side = padding_side
-        self.chat_template = None
+
+    @classmethod
+    def from_preset(cls, path, padding_side: str = "left") -> "KerasHubTokenizer":
+        """The tokenizer of a keras-hub preset directory's causal-LM preprocessor (OSError when it has none)."""
+        keras_hub = keras_hub_module()
+        try:
+            preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(os.fspath(path))
+        except ValueError as error:
+            raise OSError(f"{os.fspath(path)!r}: no causal-LM preprocessor in this keras-hub preset: {error}") from None
+        return cls(preprocessor, padding_side=padding_side)
 
     @property
     def vocab_size(self) -> int:
@@ -52,8 +61,8 @@ class KerasHubTokenizer(Tokenizer):
         """The tokenizer's pad id, else the end token's."""
         return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
 
-    def _token_id(self, content: str | None) -> int | None:
-        return None if content is None else int(self.layer.token_to_id(content))
+    def token_to_id(self, content: str) -> int | None:
+        return int(self.layer.token_to_id(content))
 
     def start_ids(self, add_special_tokens: bool) -> list[int]:
         """The ids put before a text's own: the start token when `add_special_tokens` and the preprocessor adds it."""
@@ -123,7 +132,6 @@ class KerasHubInGraphTokenizer(InGraphTokenizer):
     stock TF Serving links in), with the start token the preprocessor adds."""
 
     def __init__(self, tokenizer: KerasHubTokenizer, vocab_size: int):
-        # Not InGraphTokenizer.__init__: that one builds a BytePairTokenizer from a tokenizer.json.
         if tokenizer.vocab_size > vocab_size:
             raise ValueError(f"tokenizer: it has {tokenizer.vocab_size} ids, the model {vocab_size}")
         self.layer = tokenizer.layer

@@ -13,6 +13,7 @@ import tensorflow as tf
 from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.layers import positions_from_mask
+from tfgen.models.pretrained import load_pretrained
 from tfgen.decoding.model_protocol import CacheStepOutput
 
 
@@ -32,6 +33,8 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
     is a tuple over layers of (keys, values) (`init_cache`)."""
 
     config_class: type
+    #: The config.json `model_type` values this class loads (`tfgen.auto` maps each to it).
+    model_types: tuple[str, ...]
     #: `call_with_cache` takes a per-row `cache_index` (see `tfgen.decoding.model_protocol`).
     row_cache_index = True
     # Whether `lm_head` is stored `[vocab, D]` (True) or `[D, vocab]` (False); a decoding view uses the other layout.
@@ -164,6 +167,12 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
         set) that HF's `AutoModelForCausalLM.from_pretrained` loads."""
         save_hf_checkpoint(self, directory)
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **options):
+        """This class from an HF directory or Hub id (`tfgen.models.pretrained.load_pretrained`: the keywords of
+        `tfgen.AutoModelForCausalLM.from_pretrained`); ValueError when the checkpoint holds another family."""
+        return load_pretrained(cls, path_or_repo_id, **options)
 
 
 class TransposedHeadView:

@@ -99,6 +99,7 @@ class GPT2LMHeadModel(KerasCausalLM):
     """
 
     config_class = GPT2Config
+    model_types = ("gpt2",)
     lm_head_vocab_major = True  # HF's `[vocab, D]`: the head may be the tied `wte`
 
     def __init__(self, config: GPT2Config, dtype=None, **kwargs):

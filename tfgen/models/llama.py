@@ -96,6 +96,7 @@ class LlamaForCausalLM(KerasCausalLM):
     """
 
     config_class = LlamaConfig
+    model_types = ("llama", "mistral", "qwen2", "qwen3")
     lm_head_vocab_major = False  # `[D, vocab]`, like the embedding it may be tied to
 
     def __init__(self, config: LlamaConfig, dtype=None, **kwargs):

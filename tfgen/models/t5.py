@@ -30,6 +30,7 @@ from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.attention import attention_masks
 from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
+from tfgen.models.pretrained import load_pretrained
 from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.models.t5_config import T5Config
 from tfgen.models.t5_layers import T5Block, position_bias, relative_bucket_table
@@ -61,6 +62,7 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
     """
 
     config_class = T5Config
+    model_types = ("t5",)
     is_encoder_decoder = True
     #: `call_with_cache` takes a scalar `cache_index` only (see `tfgen.decoding.model_protocol`).
     row_cache_index = False
@@ -279,11 +281,7 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
         save_hf_checkpoint(self, directory)
 
     @classmethod
-    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, *, dtype=None, **options):
-        """`tfgen.auto.models.AutoModelForSeq2SeqLM.from_pretrained` for a T5 checkpoint (same keywords)."""
-        from tfgen.auto.models import AutoModelForSeq2SeqLM  # lazy: auto imports this module
-
-        model = AutoModelForSeq2SeqLM.from_pretrained(path_or_repo_id, dtype=dtype, **options)
-        if not isinstance(model, cls):
-            raise ValueError(f"{str(path_or_repo_id)!r} holds a {type(model).__name__}, not a {cls.__name__}")
-        return model
+    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **options):
+        """T5 from an HF directory or Hub id (`tfgen.models.pretrained.load_pretrained`: the keywords of
+        `tfgen.AutoModelForSeq2SeqLM.from_pretrained`); ValueError when the checkpoint holds another family."""
+        return load_pretrained(cls, path_or_repo_id, **options)

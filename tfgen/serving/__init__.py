@@ -1,5 +1,5 @@
 """`tfgen serve`: TF Serving's REST API (`http`) and gRPC API (`grpc_api`) over an export folder's versions
-(`versions`), requests parsed and checked (`requests`), continuous batching of greedy and sampling rows through the
+(`versions`), one loaded version (`served_model`), requests parsed and checked (`requests`) or refused (`errors`), continuous batching of greedy and sampling rows through the
 slot engine (`batching`), the server's options (`options`, TF-free) and `serve()` (`server`).
 
 May import `tfgen.engine`, `tfgen.export` and everything below them. The names below load on first use, so
@@ -15,9 +15,9 @@ _EXPORTS = {
     "DEFAULT_MAX_REQUEST_BYTES": "tfgen.serving.options",
     "DEFAULT_PORT": "tfgen.serving.options",
     "ModelServer": "tfgen.serving.http",
-    "ServedModel": "tfgen.serving.requests",
+    "ServedModel": "tfgen.serving.served_model",
     "ServedModels": "tfgen.serving.versions",
-    "load_export": "tfgen.serving.requests",
+    "load_export": "tfgen.serving.served_model",
     "serve": "tfgen.serving.server",
     "start_in_thread": "tfgen.serving.http",
 }

@@ -4,7 +4,8 @@ would return), and text streaming.
 
 The engine takes greedy and sampling rows (the `greedy` and `sample` signatures, `serving_default` and
 `generate_text` when the export's config decodes greedily or samples); beam search, contrastive search and prompt
-lookup run as whole calls of their signatures, as do rows too long for a slot.
+lookup run as whole calls of their signatures, as do rows too long for a slot. `served` is always the
+`tfgen.serving.served_model.ServedModel` a request is for (its `signatures`, `directory` and `engine`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.engine.scheduler import EngineFull, EngineStopped, ExportedSlots, Row, SlotEngine, warm_up
-from tfgen.serving.requests import RequestError, ServedModel, bad_request, error_text
+from tfgen.export.request_checks import request_checks
+from tfgen.export.signature_inputs import default_row_seeds
+from tfgen.serving.errors import RequestError, bad_request, error_text
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ _ENGINE_MODES = {"greedy_search": False, "sample": True}
 _TEXT_SIGNATURES = ("text_tokenize", "text_detokenize")
 
 
-def attach_engine(served: ServedModel, *, steps_per_call: int, max_queue: Optional[int] = None,
+def attach_engine(served, *, steps_per_call: int, max_queue: Optional[int] = None,
                   warm: bool = True) -> Optional[SlotEngine]:
     """Starts `served`'s continuous-batching engine when its export has the slot signatures (None otherwise);
     `warm` decodes one row first, so the programs compile before the first request."""
@@ -47,7 +50,7 @@ def attach_engine(served: ServedModel, *, steps_per_call: int, max_queue: Option
     return served.engine
 
 
-def engine_predict(served: ServedModel, signature_name: str, inputs: dict) -> Optional[dict]:
+def engine_predict(served, signature_name: str, inputs: dict) -> Optional[dict]:
     """The signature's outputs for `inputs`, decoded by the engine; None when the request is not one the engine
     takes (the caller runs the signature). RequestError 400 for what the signature's checks refuse, 503 when the
     queue is full."""
@@ -59,7 +62,7 @@ def engine_predict(served: ServedModel, signature_name: str, inputs: dict) -> Op
     return _assemble([_finished(row) for row in rows], engine.programs.pad_token_id, engine.budget_cap)
 
 
-def engine_rows(served: ServedModel, signature_name: str, inputs: dict) -> Optional[list[Row]]:
+def engine_rows(served, signature_name: str, inputs: dict) -> Optional[list[Row]]:
     """The engine rows of a `:predict` request on `signature_name` (None: run it as a whole call)."""
     engine = getattr(served, "engine", None)
     if engine is None:
@@ -124,8 +127,6 @@ def _submit(engine: SlotEngine, rows: list[Row]) -> None:
 
 def _check_prompt(info: dict, ids: np.ndarray, mask: np.ndarray) -> None:
     """The signature's own prompt checks (`tfgen.export.request_checks`), run eagerly: the same 400s, same words."""
-    from tfgen.export.request_checks import request_checks
-
     try:
         request_checks(tf.constant(ids), tf.constant(mask), {}, (), vocab_size=info["vocab_size"],
                        max_positions=info["max_positions"], buffer_new_tokens=info["max_new_tokens"])
@@ -135,8 +136,6 @@ def _check_prompt(info: dict, ids: np.ndarray, mask: np.ndarray) -> None:
 
 def _prompt_seeds(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """`serving_default`'s sampling keys (a hash of each row's prompt, `default_row_seeds`)."""
-    from tfgen.export.signature_inputs import default_row_seeds
-
     return default_row_seeds(tf.constant(ids), tf.constant(mask)).numpy()
 
 
@@ -144,7 +143,7 @@ def _prompt_seeds(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 # Text
 
 
-def text_rows(served: ServedModel, texts: list[bytes]) -> Optional[tuple[list[Row], np.ndarray]]:
+def text_rows(served, texts: list[bytes]) -> Optional[tuple[list[Row], np.ndarray]]:
     """(engine rows, input_ids) of a `generate_text` request, or None when it runs as a whole call."""
     if getattr(served, "engine", None) is None or not all(name in served.signatures for name in _TEXT_SIGNATURES):
         return None
@@ -154,7 +153,7 @@ def text_rows(served: ServedModel, texts: list[bytes]) -> Optional[tuple[list[Ro
     return None if rows is None else (rows, inputs["input_ids"])
 
 
-def detokenize(served: ServedModel, rows: list[Row]) -> list[str]:
+def detokenize(served, rows: list[Row]) -> list[str]:
     """The generated text of each row so far (bytes cut inside a character become U+FFFD)."""
     result = _assemble(rows, served.engine.programs.pad_token_id, max(len(row.tokens) for row in rows))
     text = served.signatures["text_detokenize"](
@@ -163,7 +162,7 @@ def detokenize(served: ServedModel, rows: list[Row]) -> list[str]:
     return [item.decode("utf-8", errors="replace") for item in text]
 
 
-def engine_text(served: ServedModel, texts: list[bytes]) -> Optional[list[str]]:
+def engine_text(served, texts: list[bytes]) -> Optional[list[str]]:
     """`generate_text`'s answer through the engine (None: run the signature)."""
     found = text_rows(served, texts)
     if found is None:
@@ -173,7 +172,7 @@ def engine_text(served: ServedModel, texts: list[bytes]) -> Optional[list[str]]:
     return detokenize(served, [_finished(row) for row in rows])
 
 
-def stream_text(served: ServedModel, text: bytes) -> Iterator[str]:
+def stream_text(served, text: bytes) -> Iterator[str]:
     """Queues one prompt and returns an iterator over its generated text in pieces as the engine decodes it (each
     piece ends on a whole character; the last one flushes the rest). Closing the iterator early cancels the row
     (its slot is freed at the next engine call). RequestError now, before any piece, when the export cannot
@@ -188,7 +187,7 @@ def stream_text(served: ServedModel, text: bytes) -> Iterator[str]:
     return _pieces(served, row)
 
 
-def _pieces(served: ServedModel, row: Row) -> Iterator[str]:
+def _pieces(served, row: Row) -> Iterator[str]:
     sent = ""
     try:
         while row.listener.get() is not None:
@@ -232,7 +231,7 @@ class TextStream:
         yield b"0\r\n\r\n"
 
 
-def text_stream(model: ServedModel, body: dict, answer_whole):
+def text_stream(model, body: dict, answer_whole):
     """`{"text": "...", "stream": true}` -> a `TextStream`; `"stream": false` answers `answer_whole(model, body)`
     without the flag. RequestError 400 for anything else."""
     stream = body["stream"]

@@ -47,7 +47,9 @@ from tfgen.serving.options import (
     check_port_free,
     check_server_options,
 )
-from tfgen.serving.requests import RequestError, ServedModel, check_arrays, signature_for
+from tfgen.serving.errors import RequestError
+from tfgen.serving.requests import check_arrays, signature_for
+from tfgen.serving.served_model import ServedModel
 from tfgen.serving.versions import ServedModels
 
 __all__ = ["GrpcModelServer", "grpc_code"]

@@ -43,27 +43,19 @@ from tfgen.serving.options import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_PORT,
     bind_failure,
-    check_port_free,
     check_server_options,
 )
 from tfgen.serving.batching import TextStream, text_stream
-from tfgen.serving.versions import ServedModels
+from tfgen.serving.errors import RequestError
 from tfgen.serving.requests import (
     TEXT_SIGNATURE,
-    RequestError,
-    ServedModel,
     format_predict_response,
     generate_text,
-    load_export,
     parse_json_body,
     parse_predict_request,
 )
-
-__all__ = [
-    "DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_PORT", "TEXT_SIGNATURE", "ModelServer",
-    "RequestError", "ServedModel", "check_port_free", "check_server_options", "format_predict_response",
-    "load_export", "parse_predict_request", "serve", "start_in_thread",
-]
+from tfgen.serving.served_model import ServedModel
+from tfgen.serving.versions import ServedModels
 
 logger = logging.getLogger(__name__)
 

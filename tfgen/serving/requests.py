@@ -1,6 +1,5 @@
-"""What `tfgen serve` does with a request once it has its body: the loaded export, TF Serving's REST formats, and
-the checks that turn every malformed request into a `RequestError` (a 4xx answer naming the field) before any
-signature runs. The HTTP side (routes, methods, timeouts, the connection cap) is `tfgen/serving/http.py`.
+"""What `tfgen serve` does with a request once it has its body: TF Serving's REST formats, and the checks that turn
+every malformed request into a `RequestError` (a 4xx answer naming the field) before any signature runs. The HTTP side (routes, methods, timeouts, the connection cap) is `tfgen/serving/http.py`.
 
 The request's knob inputs (temperature, top_p, ...) are checked against `tfgen.config.knobs`, the rule set that
 `generate()` and the export's in-graph checks read, so the server refuses exactly what they refuse and says it
@@ -24,6 +23,9 @@ from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tfgen.config.knobs import KNOBS, REQUEST_VALUES
+from tfgen.serving.batching import engine_text
+from tfgen.serving.errors import RequestError, bad_request, error_text
+from tfgen.serving.served_model import ServedModel
 from tfgen.value_types import is_integer, is_real
 
 TEXT_SIGNATURE = "generate_text"
@@ -32,120 +34,6 @@ TEXT_SIGNATURE = "generate_text"
 MAX_JSON_DEPTH = 32
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-class RequestError(Exception):
-    """A request the server refuses: `status` is the HTTP status, the message goes into `{"error": ...}`, `headers`
-    are sent with the answer (e.g. `Allow` with a 405)."""
-
-    def __init__(self, status: HTTPStatus, message: str, headers: Optional[dict] = None):
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
-
-
-def bad_request(message: str) -> RequestError:
-    return RequestError(HTTPStatus.BAD_REQUEST, message)
-
-
-@dataclasses.dataclass
-class ServedModel:
-    """One loaded export version: its signature functions, their input specs and their SignatureDefs."""
-
-    name: str
-    version: int
-    directory: str
-    signatures: dict  # name -> concrete function
-    input_specs: dict  # name -> {input name: tf.TensorSpec}
-    signature_defs: dict  # name -> SignatureDef as TF Serving's JSON
-    #: The continuous-batching engine (`tfgen.engine.scheduler.SlotEngine`) when the export has slot signatures
-    #: and the server runs one (`tfgen.serving.batching.attach_engine`), else None.
-    engine: Any = None
-
-    def predict(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Runs one signature on numpy inputs — greedy and sampling rows through the continuous-batching engine when
-        there is one (the same outputs) — graph checks that fail become a 400 RequestError, a full engine queue
-        a 503."""
-        if self.engine is not None:
-            from tfgen.serving.batching import engine_predict
-
-            outputs = engine_predict(self, signature_name, inputs)
-            if outputs is not None:
-                return outputs
-        function = self.signatures[signature_name]
-        try:
-            outputs = function(**{name: tf.constant(value) for name, value in inputs.items()})
-        except tf.errors.InvalidArgumentError as error:
-            raise bad_request(error_text(error.message)) from None
-        return {name: tensor.numpy() for name, tensor in outputs.items()}
-
-    def close(self) -> None:
-        """Stops what this version runs in the background (its engine; rows still decoding get a 503)."""
-        if self.engine is not None:
-            self.engine.close()
-
-
-def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None, *, version: Optional[int] = None,
-                warmup: bool = True, batching: Optional[dict] = None) -> ServedModel:
-    """Loads a version under `export_dir` for serving: `version`, else the newest (TF Serving's default policy).
-
-    `export_dir` holds numeric version folders, as `tfgen export` writes them. `model_name` defaults to the
-    folder's name (TF Serving's docker image takes it from `MODEL_NAME`). With `warmup`, the export's
-    `assets.extra/tf_serving_warmup_requests` run once each before it returns, as TF Serving runs them, so the
-    first request does not build the programs. `batching`: options of `tfgen.serving.batching.attach_engine`
-    (`steps_per_call`, `max_queue`) to decode greedy and sampling requests with continuous batching when the
-    export has slot signatures (None: every request runs its signature as a whole call). Raises OSError when no
-    (such) version exists.
-    """
-    export_dir = os.fspath(export_dir)
-    versions = export_versions(export_dir)
-    if not versions:
-        raise OSError(f"export_dir: no version folder with a saved_model.pb in {export_dir!r} (expected <dir>/1/...)")
-    if version is None:
-        version = versions[-1]
-    elif not is_integer(version):
-        raise ValueError(f"version must be an integer (a version folder's name), got {version!r}")
-    elif version not in versions:
-        raise OSError(f"version: no folder {version} with a saved_model.pb in {export_dir!r} (found {versions})")
-    directory = os.path.join(export_dir, str(version))
-    try:
-        import tensorflow_text  # noqa: F401  registers the TF Text ops of the generate_text signature
-    except ImportError:
-        pass
-    loaded = tf.saved_model.load(directory)
-    with open(os.path.join(directory, "saved_model.pb"), "rb") as file:
-        meta_graph = saved_model_pb2.SavedModel.FromString(file.read()).meta_graphs[0]
-    signatures = dict(loaded.signatures)
-    if warmup:
-        from tfgen.export.warmup import replay_warmup_requests
-
-        replay_warmup_requests(directory, signatures)
-    served = ServedModel(
-        name=model_name or os.path.basename(os.path.normpath(export_dir)),
-        version=int(version),
-        directory=directory,
-        signatures=signatures,
-        input_specs={name: function.structured_input_signature[1] for name, function in signatures.items()},
-        signature_defs={
-            name: json_format.MessageToDict(definition, preserving_proto_field_name=True)
-            for name, definition in meta_graph.signature_def.items()
-        },
-    )
-    if batching is not None:
-        from tfgen.serving.batching import attach_engine
-
-        attach_engine(served, warm=warmup, **batching)
-    return served
-
-
-def export_versions(export_dir: str) -> list[int]:
-    """The complete version folders under `export_dir` (numeric names holding a `saved_model.pb`), ascending."""
-    try:
-        entries = os.listdir(export_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(int(entry) for entry in entries
-                  if entry.isdigit() and os.path.isfile(os.path.join(export_dir, entry, "saved_model.pb")))
 
 
 def parse_json_body(raw: bytes):
@@ -280,8 +168,6 @@ def generate_text(model: ServedModel, body) -> dict:
     check_inputs(TEXT_SIGNATURE, inputs)
     generated = None
     if model.engine is not None:
-        from tfgen.serving.batching import engine_text
-
         generated = engine_text(model, list(inputs["text"]))
     if generated is None:
         generated = json_value(model.predict(TEXT_SIGNATURE, inputs)["text"])
@@ -393,14 +279,3 @@ def _json_text(value, limit: int = 40) -> str:
 def _shape_text(shape: tf.TensorShape) -> str:
     return "[" + ", ".join("B" if index == 0 else ("*" if dim is None else str(dim))
                            for index, dim in enumerate(shape.as_list())) + "]"
-
-
-def error_text(message: str) -> str:
-    """What a TF error says about the request: the export's assertion message, else the first line that is
-    not graph-debugging boilerplate."""
-    assertion = re.search(r"assertion failed: \[(.*)\]", message)
-    if assertion:
-        return assertion.group(1)
-    boilerplate = ("Graph execution error", "Detected at node", "<stack traces", "[[", "Node:")
-    lines = [line.strip() for line in message.splitlines()]
-    return next((line for line in lines if line and not line.startswith(boilerplate)), "invalid argument")

@@ -23,7 +23,8 @@ from http import HTTPStatus
 from typing import Optional
 
 from tfgen.serving.options import DEFAULT_POLL_INTERVAL, VERSION_POLICIES, check_polling_options
-from tfgen.serving.requests import RequestError, ServedModel, export_versions, load_export
+from tfgen.serving.errors import RequestError
+from tfgen.serving.served_model import ServedModel, export_versions, load_export
 from tfgen.value_types import is_real
 
 # Re-exported: the options' defaults and checks live in `tfgen.serving.options` (TF-free, for the command line).

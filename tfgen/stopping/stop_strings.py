@@ -24,12 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from tfgen.text.tokenizer import Tokenizer
+from tfgen.text.token_text import token_clean_texts
+from tfgen.text.tokenizer_base import BaseTokenizer
 from tfgen.value_types import is_integer
 
-# Text decoded in front of every token so that the token's own text is what it adds in context (leading spaces,
-# byte-level pieces); the same prefix as transformers, so the clean texts, and so the tables, agree with it.
-_CONTEXT_PREFIX = "abcdef"
 _TABLE_CACHE_SIZE = 8
 
 
@@ -108,7 +106,7 @@ class StopStringTables:
 
 
 def stop_string_tables(
-    tokenizer: Tokenizer, stop_strings: str | list[str] | tuple[str, ...], vocab_size: int | None = None
+    tokenizer: BaseTokenizer, stop_strings: str | list[str] | tuple[str, ...], vocab_size: int | None = None
 ) -> StopStringTables:
     """Builds (or fetches from a small LRU cache) the matcher tables of `stop_strings` for `tokenizer`'s vocabulary.
 
@@ -144,24 +142,6 @@ def stop_string_tables(
         while len(_tables_cache) > _TABLE_CACHE_SIZE:
             _tables_cache.popitem(last=False)
     return tables
-
-
-def token_clean_texts(tokenizer: Tokenizer) -> tuple[str, ...]:
-    """The text each id `0 .. tokenizer.vocab_size - 1` adds when decoded after other text (uncached).
-
-    Decoding a token alone can drop or add a leading space, or mangle byte-level pieces; decoding it after a fixed
-    prefix and cutting the prefix's text off gives what it contributes in the middle of generated text.
-    """
-    prefix_ids = tokenizer.encode(_CONTEXT_PREFIX, add_special_tokens=False)
-    # One [prefix..., id] row per id, as a 2-D array: batch_decode converts numpy rows faster than lists.
-    rows = np.empty((tokenizer.vocab_size, len(prefix_ids) + 1), np.int64)
-    rows[:, :-1], rows[:, -1] = prefix_ids, np.arange(len(rows))
-    texts = tokenizer.batch_decode(rows)
-    if any(_CONTEXT_PREFIX not in text for text in texts):
-        # A tokenizer that cannot spell the prefix (a word-level vocabulary without it, say) joins tokens with
-        # its decoder's separator: a token's text is then its own decoding. (HF raises for such tokenizers.)
-        return tuple(tokenizer.batch_decode(np.arange(len(rows))[:, None]))
-    return tuple(text[text.find(_CONTEXT_PREFIX) + len(_CONTEXT_PREFIX):] for text in texts)
 
 
 def stop_string_hits(tables: StopStringTables, tail_ids: tf.Tensor) -> tf.Tensor:
@@ -244,10 +224,10 @@ def _checked_stop_strings(stop_strings) -> tuple[str, ...]:
     return tuple(strings)
 
 
-def _vocabulary(tokenizer: Tokenizer) -> _Vocabulary:
+def _vocabulary(tokenizer: BaseTokenizer) -> _Vocabulary:
     """The clean texts of `tokenizer` and their character index, built once per tokenizer object (a tokenizer's
     vocabulary and decoder never change)."""
-    if not isinstance(tokenizer, Tokenizer):
+    if not isinstance(tokenizer, BaseTokenizer):
         raise TypeError(f"tokenizer must be a tfgen Tokenizer, got {type(tokenizer).__name__}")
     with _cache_lock:
         vocabulary = _vocabulary_by_tokenizer.get(tokenizer)

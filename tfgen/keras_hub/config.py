@@ -3,15 +3,28 @@ and the default `GenerationConfig` from the sampler chosen with `causal_lm.compi
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 from tfgen.config.generation_config import GenerationConfig
+from tfgen.keras_hub.presets import keras_hub_module
+
+
+@dataclasses.dataclass
+class KerasHubConfig:
+    """What tfgen reads of a model config, taken from the keras-hub backbone and its preprocessor's tokenizer."""
+
+    model_type: str
+    vocab_size: int
+    num_hidden_layers: int
+    max_position_embeddings: int | None
+    bos_token_id: int | None
+    eos_token_id: list[int] | None
+    pad_token_id: int | None
 
 
 def model_config(causal_lm, style, tokenizer):
     """The `KerasHubConfig` of `causal_lm`; special tokens come from `tokenizer` (a `KerasHubTokenizer` or None)."""
-    from tfgen.keras_hub.adapter import KerasHubConfig
-
     backbone = causal_lm.backbone
     model_type = type(backbone).__name__.removesuffix("Backbone").lower()
     return KerasHubConfig(
@@ -30,9 +43,7 @@ def sampler_generation_config(causal_lm, config) -> GenerationConfig:
     """The defaults keras-hub's `causal_lm.generate()` would use: its sampler's strategy and options, the
     preprocessor's `sequence_length` as `max_length`, and the special tokens of `config`. A sampler subclass tfgen
     cannot express (its own `get_next_token`) is warned about and replaced by greedy search."""
-    import keras_hub
-
-    samplers = keras_hub.samplers
+    samplers = keras_hub_module().samplers
     options = {
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_id,
