@@ -1,7 +1,8 @@
 """What carrying the neutral sampling knobs costs: today's programs against the old minimal ones (issue 12).
 
 Every sampling program carries temperature, top-k (a static 64-candidate cap when off), top-p, min-p,
-typical-p and the repetition penalty (`tfgen.logits.from_config._ALWAYS_ON_WHEN_SAMPLING` / `_ALWAYS_ON`), fed
+typical-p and the repetition penalty (the processors declared with presence "sampling" / "always",
+`tfgen.logits`), fed
 neutral values when a request leaves them off, so that switching them per request never compiles a new
 program; greedy programs carry the repetition penalty. This script measures what that costs:
 
@@ -74,20 +75,30 @@ CARRIED = Variant("carried (A)")
 MINIMAL = Variant("minimal (B)", (), ())
 
 
+def _carried(presence: str) -> tuple:
+    """The library's processors of `presence` ("always": every program; "sampling": every sampling program)."""
+    from tfgen.logits import pipeline
+
+    return tuple(processor.name for processor in pipeline.PIPELINE if processor.presence == presence)
+
+
 @contextlib.contextmanager
 def carrying(variant: Variant):
-    """Within the block, `processor_config` builds its specs with `variant`'s always-on sets."""
-    from tfgen.logits import from_config as processor_config
+    """Within the block, the processor pipeline carries only `variant`'s always-on sets (the others are present only
+    when a request turns them on, as before issue 12)."""
+    from tfgen.logits import pipeline
 
-    saved = processor_config._ALWAYS_ON, processor_config._ALWAYS_ON_WHEN_SAMPLING
-    if variant.always_on is not None:
-        processor_config._ALWAYS_ON = variant.always_on
-    if variant.always_on_when_sampling is not None:
-        processor_config._ALWAYS_ON_WHEN_SAMPLING = variant.always_on_when_sampling
+    kept = {"always": variant.always_on, "sampling": variant.always_on_when_sampling}
+    saved = pipeline.PIPELINE
+    pipeline.PIPELINE = tuple(
+        processor if kept.get(processor.presence) is None or processor.name in kept[processor.presence]
+        else dataclasses.replace(processor, presence="built")
+        for processor in saved
+    )
     try:
         yield
     finally:
-        processor_config._ALWAYS_ON, processor_config._ALWAYS_ON_WHEN_SAMPLING = saved
+        pipeline.PIPELINE = saved
 
 
 def _only(names: tuple, name: str) -> tuple:
@@ -96,10 +107,8 @@ def _only(names: tuple, name: str) -> tuple:
 
 def ablation_variants(request: str) -> list[Variant]:
     """The minimal program plus one of the processors the library carries for `request`, for each of them."""
-    from tfgen.logits import from_config as processor_config
-
-    always_on = tuple(processor_config._ALWAYS_ON)
-    when_sampling = tuple(processor_config._ALWAYS_ON_WHEN_SAMPLING) if REQUESTS[request]["do_sample"] else ()
+    always_on = _carried("always")
+    when_sampling = _carried("sampling") if REQUESTS[request]["do_sample"] else ()
     variants = [
         Variant(f"+ {name} only", _only(always_on, name), _only(when_sampling, name))
         for name in dict.fromkeys(when_sampling + always_on)
@@ -224,7 +233,7 @@ class Cell:
 def processor_spec(request: str, variant: Variant, vocab_size: int):
     """The `ProcessorSpec` that `variant`'s program of `request` runs (as `generate` builds it)."""
     from tfgen.config.generation_config import GenerationConfig
-    from tfgen.logits.from_config import processor_spec_from_config
+    from tfgen.logits.pipeline import processor_spec_from_config
 
     with carrying(variant):
         return processor_spec_from_config(GenerationConfig(**REQUESTS[request], eos_token_id=None), vocab_size)
@@ -240,8 +249,9 @@ def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[
 
     from tfgen.config.generation_config import GenerationConfig
     from tfgen.decoding.state import sample_from_scores
-    from tfgen.logits.from_config import processor_knobs_from_config
-    from tfgen.logits.processors import ProcessorContext, apply_processors
+    from tfgen.logits.pipeline import processor_knobs_from_config
+    from tfgen.logits.context import ProcessorContext
+    from tfgen.logits.pipeline import apply_processors
 
     steps, prompt_len = options.new_tokens, options.prompt_len
     width = prompt_len + steps

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgen import Tokenizer, defaults
+from tfgen import Tokenizer
+from tfgen.hub import default_model as defaults
 from tfgen.batch import batch_generate, row_seeds, run_batch_job
 from tfgen.cli import main
 

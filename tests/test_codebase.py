@@ -1,10 +1,12 @@
-"""The codebase's own rules, checked on the source: no module reaches into another module's private names, and
-no module grows past ~400 lines."""
+"""The codebase's own rules, checked on the source: no module reaches into another module's private names, no
+module grows past ~400 lines, no import circle among tfgen's modules (function-level and TYPE_CHECKING imports
+included), and the package root holds only the entry points and a few leaf utilities."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 
 import pytest
 
@@ -57,3 +59,100 @@ def test_modules_stay_small():
     too_long = {str(path.relative_to(PACKAGE)): lines for path in _modules()
                 if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not too_long, f"modules over {MAX_LINES} lines (one concern each): {too_long}"
+
+
+# The package root: `__init__` (lazy public names), `cli` (the command's entry point) and leaf utilities that import
+# no tfgen module (docs/design.md, "The structure").
+ROOT_MODULES = {"__init__", "cli", "lazy", "memory", "value_types"}
+LEAF_UTILITIES = ROOT_MODULES - {"__init__", "cli"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = ("tfgen",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: pathlib.Path, known: set[str]) -> set[str]:
+    """The tfgen modules `path` imports anywhere (top level, inside functions, under TYPE_CHECKING): for
+    `from a.b import c`, `a.b.c` when that is a module, else `a.b`."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            imported.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names)
+    return {module for module in imported if module in known and module != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = _modules()
+    known = {_module_name(path) for path in paths}
+    return {_module_name(path): _imported_modules(path, known) for path in paths}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph)))
+    try:
+        for node in graph:
+            if node not in index:
+                visit(node)
+    finally:
+        sys.setrecursionlimit(limit)
+    return found
+
+
+def test_no_import_circles():
+    assert circles(import_graph()) == []
+
+
+def test_no_package_imports_a_package_that_imports_it():
+    """Packages form layers (docs/design.md, "The structure"): the package graph has no circle either."""
+    packages = {}
+    for module, targets in import_graph().items():
+        package = module.split(".")[1] if module.count(".") else "tfgen"
+        packages.setdefault(package, set()).update(
+            target.split(".")[1] if target.count(".") else "tfgen" for target in targets)
+    for package, targets in packages.items():
+        targets.discard(package)
+    assert circles(packages) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_package_root_holds_entry_points_and_leaf_utilities_only():
+    graph = import_graph()
+    root = {path.stem for path in PACKAGE.glob("*.py")}
+    assert root == ROOT_MODULES
+    assert {name: sorted(graph[f"tfgen.{name}"]) for name in LEAF_UTILITIES if graph[f"tfgen.{name}"]} == {}

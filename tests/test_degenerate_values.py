@@ -102,11 +102,11 @@ def test_float_knobs_are_checked_for_finiteness_in_exported_graphs():
 def test_an_overflowing_temperature_keeps_the_distribution_defined():
     """HF's `scores / temperature` overflows float32 (100 / 1e-37) and its softmax turns NaN; here such a row
     becomes its greedy limit, and a row that does not overflow keeps HF's values exactly."""
-    from tfgen.logits.processors import ProcessorSpec
+    from tfgen.logits.spec import ProcessorSpec
     from tfgen.logits.warpers import apply_warpers
 
     scores = tf.constant([[100.0, 50.0, -100.0, -np.inf], [1.0, 2.0, 3.0, 4.0]])
-    warped, _ = apply_warpers(ProcessorSpec(temperature=True), scores, {"temperature": np.array([1e-37, 0.5], "f4")})
+    warped, _ = apply_warpers(ProcessorSpec().forced({"temperature": True}), scores, {"temperature": np.array([1e-37, 0.5], "f4")})
     assert warped.numpy().tolist() == [[0.0, -np.inf, -np.inf, -np.inf], [2.0, 4.0, 6.0, 8.0]]
 
 

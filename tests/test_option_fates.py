@@ -169,6 +169,16 @@ def test_options_without_effect_warn_as_hf_does(tiny_model, tokenizer, name):
         _generate(tiny_model, tokenizer, name, value, context)
 
 
+def test_a_draft_length_without_a_drafter_warns(tiny_model, tokenizer):
+    """`num_assistant_tokens` drafts for a model drafter; with none (no assistant_model, no assistant_early_exit) it
+    has no effect, and says so once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _generate(tiny_model, tokenizer, "num_assistant_tokens", 3, {})
+    assert [str(w.message).count("num_assistant_tokens") for w in caught if w.category is UserWarning] == [1]
+    assert "no drafter" in str(caught[-1].message) and caught[-1].filename == __file__
+
+
 def test_an_option_without_effect_warns_once(tiny_model, tokenizer):
     """The generation mode is worked out once per call, so its warning (an assisted-generation option in beam
     search, ignored there as in HF) comes once."""

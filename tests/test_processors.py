@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import types
 
 import numpy as np
@@ -14,8 +13,9 @@ from transformers.generation.logits_process import LogitsProcessor as HFLogitsPr
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
-from tfgen.logits.from_config import processor_knobs_from_config, processor_spec_from_config
-from tfgen.logits.processors import LogitsProcessor, ProcessorContext, apply_processors
+from tfgen.logits.pipeline import processor_knobs_from_config, processor_spec_from_config
+from tfgen.logits.context import ProcessorContext
+from tfgen.logits.pipeline import LogitsProcessor, apply_processors
 
 VOCAB = 48
 BATCH = 3
@@ -221,7 +221,7 @@ def test_top_k_candidate_cap(cap, top_ks):
     filtered and on the full vocabulary otherwise (a row with k=0); a k above the cap is clamped to it."""
     base = dict(do_sample=True, top_k=5, top_p=0.95, typical_p=0.9, min_p=0.01, eos_token_id=EOS)
     spec, knobs = per_row_knobs(base, {"top_k": top_ks})
-    spec = dataclasses.replace(spec, top_k_cap=cap)
+    spec = spec.forced({"top_k": cap})
     actual = apply_processors(spec, SCORES, context(7), knobs).numpy()
     for row, k in enumerate(top_ks):
         row_options = dict(base, top_k=min(k, cap) if cap else k)
@@ -239,7 +239,7 @@ def test_sampling_candidates(top_ks, tie_width, complete):
     scores = SCORES.copy()
     scores[0, :tie_width] = scores.max() + 1.0  # a tie at the top wider than the cap keeps all its tokens
     spec, knobs = per_row_knobs(dict(do_sample=True, top_k=5, top_p=0.9, eos_token_id=EOS), {"top_k": top_ks})
-    spec = dataclasses.replace(spec, top_k_cap=8)
+    spec = spec.forced({"top_k": 8})
     knobs = {name: tf.constant(value) for name, value in knobs.items()}
     plain = apply_processors(spec, scores, context(7), knobs).numpy()
     run = lambda s, k: apply_processors(spec, s, context(7), k, return_candidates=True)  # noqa: E731
@@ -260,7 +260,7 @@ def test_top_k_cap_rule():
     assert processor_spec_from_config(config, VOCAB).top_k_cap == 0  # 64 >= vocabulary: sort everything
     assert processor_spec_from_config(config, 1000).top_k_cap == 64
     assert processor_spec_from_config(types.SimpleNamespace(do_sample=True, top_k=100), 1000).top_k_cap == 128
-    assert processor_spec_from_config(types.SimpleNamespace(do_sample=False, top_k=100), 1000).top_k is False
+    assert not processor_spec_from_config(types.SimpleNamespace(do_sample=False, top_k=100), 1000).is_on("top_k")
 
 
 def test_min_tokens_to_keep_only_shapes_beam_sampling():
@@ -315,7 +315,7 @@ def test_xla_matches_eager():
         exponential_decay_length_penalty=(1, 1.2), min_length=8, eos_token_id=EOS,
     )
     config = transformers.GenerationConfig(**options)
-    spec = dataclasses.replace(processor_spec_from_config(config, VOCAB), top_k_cap=16)
+    spec = processor_spec_from_config(config, VOCAB).forced({"top_k": 16})
     user = (BoostLastToken(),)
     compiled = tf.function(
         lambda scores, ctx, knobs: apply_processors(spec, scores, ctx, knobs, user), jit_compile=True

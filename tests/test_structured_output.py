@@ -206,7 +206,7 @@ def smollm2_vocabulary_model(tmp_path_factory):
     import tfgen
     from tfgen.hub.pull import pull
 
-    tokenizer = tfgen.Tokenizer.from_pretrained(os.fspath(pull("smollm2-135m-instruct", progress=False)))
+    tokenizer = tfgen.AutoTokenizer.from_pretrained(os.fspath(pull("smollm2-135m-instruct", progress=False)))
     directory = tmp_path_factory.mktemp("llama-49k")
     build_hf_model("llama", directory, vocab_size=tokenizer.vocab_size, hidden_size=24, intermediate_size=32,
                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,

@@ -17,6 +17,8 @@ by name), `job` (`batch_generate`, `run_batch_job`).
 
 The names below load on first use, so importing a TensorFlow-free module (`tfgen.batch.options`, as
 `tfgen batch --help` does) does not import TensorFlow.
+
+May import `tfgen.generation`, `tfgen.request` and everything below them.
 """
 
 from __future__ import annotations

@@ -18,9 +18,16 @@ import tensorflow as tf
 from tfgen.batch.options import DEFAULT_MAX_NEW_TOKENS, WINDOW_GROUPS
 from tfgen.batch.planning import Group, check_job_seed, plan_window, row_seeds, steps, windows
 from tfgen.batch.rows import PromptTable, RowRules
-from tfgen.config.generation_config import GenerationConfig
 from tfgen.generation.programs import announce_compile, generate_program
-from tfgen.request.prepare import DEFAULT_BUCKETS, Request, pad_token_id_of, prepare_request, resolve_config
+from tfgen.request.buckets import DEFAULT_BUCKETS
+from tfgen.request.prepare import (
+    Request,
+    ResolvedCall,
+    pad_token_id_of,
+    prepare_request,
+    refuse_whole_call_options,
+    resolve_call,
+)
 from tfgen.value_types import is_integer
 
 # generate() arguments that a batch job sets itself, or whose meaning depends on how rows were padded together.
@@ -34,27 +41,31 @@ _JOB_CONTROLLED_OPTIONS = {
 }
 
 
-def _resolve_job_config(model, generation_config, generate_kwargs) -> GenerationConfig:
-    """The job's config: `generation_config` (or the model's) updated with `generate_kwargs`, with
-    `max_new_tokens` set; raises for options a batch job cannot honour per row."""
+def _resolve_job_call(model, generation_config, generate_kwargs, tokenizer) -> ResolvedCall:
+    """The job's call, resolved once for every group: `generation_config` (or the model's) updated with
+    `generate_kwargs`, with `max_new_tokens` set; raises for options a batch job cannot honour per row."""
     for name, why in _JOB_CONTROLLED_OPTIONS.items():
         if name in generate_kwargs:
             raise ValueError(f"{name}: not a batch option ({why}).")
-    config = resolve_config(model, generation_config, generate_kwargs).config
-    if config.max_time is not None:
-        raise ValueError(f"max_time: not a batch option ({_JOB_CONTROLLED_OPTIONS['max_time']}).")
+    generate_kwargs = dict(generate_kwargs)
+    call = resolve_call(model, generation_config, generate_kwargs, tokenizer=tokenizer,
+                        assistant_model=generate_kwargs.pop("assistant_model", None))
+    config = call.config
+    refuse_whole_call_options(config, {
+        "max_time": f"not a batch option ({_JOB_CONTROLLED_OPTIONS['max_time']}).",
+        "num_return_sequences": "a batch job writes one continuation per row; repeat rows instead.",
+    })
     if config.min_length:
         raise ValueError(
             f"min_length={config.min_length} counts the padded prompt, which depends on the batch; use min_new_tokens."
         )
-    if (config.num_return_sequences or 1) != 1:
-        raise ValueError("num_return_sequences: a batch job writes one continuation per row; repeat rows instead.")
     for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
         if getattr(config, flag):
             raise ValueError(f"{flag}: a batch job writes ids and text only.")
     if config.max_new_tokens is None:
+        # The call's own copy of the config; its processors do not depend on the budget.
         config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-    return config
+    return call
 
 
 def _backing_variable(variable):
@@ -130,7 +141,8 @@ class BatchRunner:
         self.batch_size = batch_size
         self.window = window
         self.job_seed = check_job_seed(seed)
-        self.config = _resolve_job_config(model, generation_config, generate_kwargs)
+        self.call = _resolve_job_call(model, generation_config, generate_kwargs, tokenizer)
+        self.config = self.call.config
         self.max_new_tokens = int(self.config.max_new_tokens)
         self.eos_ids = self.config.eos_token_ids()
         self.pad_id = pad_token_id_of(self.config, int(model.config.vocab_size))
@@ -215,9 +227,7 @@ class BatchRunner:
         if self.config.do_sample:
             seeds = np.zeros((self.batch_size, 2), np.int32)
             seeds[: len(rows)] = row_seeds(self.job_seed, [table.ids[row] for row in rows])
-        request = prepare_request(
-            self.model, ids, generation_config=self.config, seed=seeds, attention_mask=mask, tokenizer=self.tokenizer
-        )
+        request = prepare_request(self.model, ids, call=self.call, seed=seeds, attention_mask=mask)
         budgets = np.zeros([self.batch_size], np.int32)
         budgets[: len(rows)] = self.max_new_tokens
         return request.with_budgets(budgets)

@@ -1,4 +1,9 @@
-"""`tfgen` subcommands: each module here has `add_parser(subparsers)` registering one subcommand."""
+"""`tfgen` subcommands: each module here has `add_parser(subparsers)` registering one subcommand, plus the flags
+several commands share. `tfgen --help` and `tfgen CMD --help` import no TensorFlow: a command imports what it runs
+inside its `run` (a deliberate function-level import, for start-up time, never to break a circle).
+
+May import every tfgen package.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,23 @@ def add_model_argument(parser) -> None:
         "--model", default=None, help="local model directory or .gguf file, hub id (HF layout), or a registered name "
         "(`tfgen pull --list`; pulled on first use); default: the shipped model",
     )
+
+
+def add_sampling_arguments(parser) -> None:
+    """The decoding flags of the commands that generate (generate, batch): greedy or sampling and the common
+    warpers, as `sampling_options` reads them."""
+    parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
+    parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--repetition-penalty", type=float)
+
+
+def sampling_options(args) -> dict:
+    """The generation options of the `add_sampling_arguments` flags given (and `--max-new-tokens`)."""
+    names = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def check_option_flag(flag: str, name: str, value) -> None:

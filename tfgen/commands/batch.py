@@ -15,7 +15,7 @@ from tfgen.batch.options import (
     ON_ERROR,
     WINDOW_GROUPS,
 )
-from tfgen.commands import add_model_argument
+from tfgen.commands import add_model_argument, add_sampling_arguments, sampling_options
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +49,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--on-error", choices=ON_ERROR, default="stop", help="bad rows: stop before anything, or skip")
     parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), default=list(DEFAULT_SEED), help="job seed")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per row (default: config, else 20)")
-    parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
-    parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--repetition-penalty", type=float)
+    add_sampling_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(handler=run)
 
@@ -88,14 +83,6 @@ def run(args) -> int:
         tokenizer = None
     with strategy.scope():
         model = load_generation_model(model_path)
-    options = {
-        "max_new_tokens": args.max_new_tokens,
-        "do_sample": args.do_sample,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "repetition_penalty": args.repetition_penalty,
-    }
     try:
         result = run_batch_job(
             model,
@@ -109,7 +96,7 @@ def run(args) -> int:
             on_error=args.on_error,
             input_format=args.input_format,
             progress=not args.no_progress,
-            **{name: value for name, value in options.items() if value is not None},
+            **sampling_options(args),
         )
     except KeyboardInterrupt as interrupt:
         # Ctrl-C is how a job is paused: one line saying how to go on, not a traceback; 130 is the shell's status

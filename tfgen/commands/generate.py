@@ -3,7 +3,14 @@ the prompt as a user message in the model's chat template and print the answer o
 
 from __future__ import annotations
 
-from tfgen.commands import add_model_argument, add_structured_arguments, check_option_flag, structured_options
+from tfgen.commands import (
+    add_model_argument,
+    add_sampling_arguments,
+    add_structured_arguments,
+    check_option_flag,
+    sampling_options,
+    structured_options,
+)
 
 # Speculative decoding (assisted generation): flag -> (generation option, the flag it needs).
 DRAFTING_FLAGS = {
@@ -23,13 +30,8 @@ def add_parser(subparsers) -> None:
                         "chat template (and the assistant's turn opened), print only the answer")
     parser.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default: model's config)")
-    parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
-    parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")
+    add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), help="sampling seed")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--repetition-penalty", type=float)
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="stop once the text ends with TEXT (repeatable)")
     parser.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after SECONDS, compiling included")
@@ -73,12 +75,7 @@ def run(args) -> int:
     encoded = _chat_prompt(tokenizer, args, model_path) if args.chat else tokenizer(args.prompt, return_tensors="np")
     model = load_generation_model(model_path)
     options = {
-        "max_new_tokens": args.max_new_tokens,
-        "do_sample": args.do_sample,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "repetition_penalty": args.repetition_penalty,
+        **sampling_options(args),
         "stop_strings": args.stop_strings,
         "max_time": args.max_time,
         **drafting,

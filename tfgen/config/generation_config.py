@@ -20,7 +20,8 @@ from typing import Any
 
 import huggingface_hub
 
-from tfgen.config.rules import OUTPUT_FLAGS, SAMPLING_ONLY_NEUTRAL, check_options, no_effect_issues
+from tfgen.config.knobs import WARPER_KNOBS
+from tfgen.config.rules import OUTPUT_FLAGS, check_options, no_effect_issues
 
 __all__ = ["GENERATION_CONFIG_NAME", "SAMPLING_ONLY_NEUTRAL", "GenerationConfig", "GenerationMode"]
 
@@ -349,7 +350,7 @@ class GenerationConfig:
         passed to `warnings.warn`; the default points at the caller of `__init__` / `update`).
         """
         check_options(self)
-        issues = no_effect_issues(self)
+        issues = no_effect_issues(self, SAMPLING_ONLY_NEUTRAL)
         if issues:
             listed = "\n".join(f"- `{name}`: {issue}" for name, issue in issues.items())
             warnings.warn(f"Generation options that have no effect with these settings and are ignored:\n{listed}",
@@ -377,3 +378,8 @@ def _download_from_hub(repo_id: str, filename: str, **kwargs: Any) -> str:
     except Exception as err:
         raise OSError(f"Can't load {filename!r} for {repo_id!r}: it is not a local directory or JSON file, and "
                       f"fetching it from the Hugging Face Hub failed ({type(err).__name__}: {err}).") from err
+
+
+#: The sampling warpers' defaults, at which HF 4.55 stays silent without `do_sample` (it warns of any other value).
+#: Public: `tfgen generate --greedy` resets a sampling config's warpers to these.
+SAMPLING_ONLY_NEUTRAL: dict[str, Any] = {name: _DEFAULTS[name] for name in WARPER_KNOBS}

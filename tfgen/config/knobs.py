@@ -30,6 +30,7 @@ class Knob:
     `[*row_shape]` shared by every row. neutral: the value that switches the knob's effect off. valid /
     requirement: the condition every value meets, and how to say it in an error ("must be ..."). config_kind:
     `int` or `float` when a `GenerationConfig` attribute of the same name holds it (None: no such attribute).
+    warper: see the field.
     """
 
     name: str
@@ -40,6 +41,9 @@ class Knob:
     requirement: str = ""
     row_shape: tuple = ()
     config_kind: Optional[type] = None
+    #: The value of a sampling warper: HF reads (and validates) it only when sampling, and a greedy row of a mixed
+    #: batch holds its neutral value.
+    warper: bool = False
 
     def is_valid(self, value) -> bool:
         """Whether a Python number (or every element of an array) is representable in the knob's dtype (ints in
@@ -91,18 +95,20 @@ _POSITIVE_FLOAT32 = "> 0, finite and at least 1.2e-38 (float32's smallest normal
 
 _DECLARED = [
     # Sampling warpers (HF order) and the processors' per-row values.
-    Knob("temperature", np.float32, neutral=1.0, valid=_POSITIVE, requirement=_POSITIVE_FLOAT32, config_kind=float),
+    Knob("temperature", np.float32, neutral=1.0, valid=_POSITIVE, requirement=_POSITIVE_FLOAT32, config_kind=float,
+         warper=True),
     Knob("top_k", np.int32, neutral=0, valid=_NON_NEGATIVE, requirement=">= 0 (0 = no top-k; < 2**31)",
-         config_kind=int),
+         config_kind=int, warper=True),
     Knob("top_p", np.float32, neutral=1.0, valid=_between(0, 1, low_open=True), requirement="in (0, 1]",
-         config_kind=float),
-    Knob("min_p", np.float32, neutral=0.0, valid=_PROBABILITY, requirement="in [0, 1]", config_kind=float),
+         config_kind=float, warper=True),
+    Knob("min_p", np.float32, neutral=0.0, valid=_PROBABILITY, requirement="in [0, 1]", config_kind=float,
+         warper=True),
     Knob("typical_p", np.float32, neutral=1.0, valid=_between(0, 1, low_open=True), requirement="in (0, 1]",
-         config_kind=float),
+         config_kind=float, warper=True),
     Knob("epsilon_cutoff", np.float32, neutral=0.0, valid=_between(0, 1, high_open=True), requirement="in [0, 1)",
-         config_kind=float),
+         config_kind=float, warper=True),
     Knob("eta_cutoff", np.float32, neutral=0.0, valid=_between(0, 1, high_open=True), requirement="in [0, 1)",
-         config_kind=float),
+         config_kind=float, warper=True),
     Knob("repetition_penalty", np.float32, neutral=1.0, valid=_POSITIVE, requirement=_POSITIVE_FLOAT32,
          config_kind=float),
     # float64 because HF multiplies by `1 / penalty` formed in double precision.
@@ -138,6 +144,8 @@ _DECLARED = [
 
 #: Every knob of `DecodeInputs.knobs`, by name.
 KNOBS: dict[str, Knob] = {knob.name: knob for knob in _DECLARED}
+#: The sampling warpers' knobs, in HF's warper order (the one list of them).
+WARPER_KNOBS: tuple[str, ...] = tuple(knob.name for knob in _DECLARED if knob.warper)
 
 #: The per-row request values that are `DecodeInputs` fields rather than knobs: each row's budget of new tokens
 #: and its sampling key.

@@ -19,10 +19,8 @@ _BOOL_FLAGS = ("do_sample", "use_cache", "renormalize_logits", "remove_invalid_v
                *OUTPUT_FLAGS)
 _OPTIONAL_BOOL_FLAGS = ("output_logits",)
 
-# Values at which a sampling-only / beam-only option does nothing (HF 4.55 warns when they differ). Public:
-# `tfgen generate --greedy` resets a sampling config's warpers to these.
-SAMPLING_ONLY_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "top_k": 50,
-                         "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+# Values at which a beam-only option does nothing (HF 4.55 warns when they differ); the sampling-only ones are the
+# warpers' defaults (`no_effect_issues`' `sampling_defaults`).
 _BEAM_ONLY = {"early_stopping": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "length_penalty": 1.0,
               "constraints": None}
 
@@ -183,9 +181,10 @@ def _check_combinations(config: Any) -> None:
                          f"({config.num_beams}).")
 
 
-def no_effect_issues(config: Any) -> dict[str, str]:
+def no_effect_issues(config: Any, sampling_defaults: dict[str, Any]) -> dict[str, str]:
     """{attribute: why it has no effect} for the options set to a non-neutral value that the selected mode
-    ignores (e.g. `temperature` without `do_sample`): the attributes HF 4.55 warns about."""
+    ignores (e.g. `temperature` without `do_sample`): the attributes HF 4.55 warns about. `sampling_defaults`: the
+    sampling warpers' default values (at which they do nothing without sampling)."""
     issues = {}
 
     def flag_non_neutral(neutral_values: dict[str, Any], reason: str) -> None:
@@ -195,7 +194,7 @@ def no_effect_issues(config: Any) -> dict[str, str]:
                 issues[name] = f"set to {value!r}, but {reason}."
 
     if not config.do_sample:
-        sampling_only = dict(SAMPLING_ONLY_NEUTRAL)
+        sampling_only = dict(sampling_defaults)
         if config.penalty_alpha is not None:  # contrastive search uses top_k
             del sampling_only["top_k"]
         flag_non_neutral(sampling_only, "`do_sample` is False and it is only used when sampling")

@@ -33,7 +33,7 @@ from tfgen.decoding.state import (
 )
 from tfgen.decoding.loop import DecodingLoop
 from tfgen.config.knobs import KNOBS, repeat_per_row
-from tfgen.logits.processors import apply_processors
+from tfgen.logits.pipeline import apply_processors
 from tfgen.decoding.random import uniform_per_element
 from tfgen.stopping.criteria import stopped_rows
 from tfgen.logits import grammar

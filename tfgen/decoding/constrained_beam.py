@@ -31,7 +31,7 @@ from tfgen.decoding.beam import (
 from tfgen.decoding.beam_hypotheses import HypothesisList
 from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
 from tfgen.decoding.constraint_states import ConstraintGraph, Progress, gather_progress, select_progress
-from tfgen.logits.processors import apply_processors
+from tfgen.logits.pipeline import apply_processors
 
 
 class ConstrainedSearch(NamedTuple):
@@ -275,9 +275,6 @@ def constrained_options(config) -> dict:
             raise ValueError(f"one of `constraints`, `force_words_ids` is not `None`, triggering constrained beam "
                              f"search. However, `{flag}` is set to `{value}`, which is incompatible with this "
                              f"generation mode.")
-    if config.stop_strings is not None:
-        raise ValueError("stop_strings: constrained beam search does not support stop strings (HF applies them to "
-                         "the running beams as a whole, not per hypothesis).")
     return {
         "num_beams": int(config.num_beams),
         "num_return_sequences": int(config.num_return_sequences or 1),

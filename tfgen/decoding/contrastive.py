@@ -27,7 +27,7 @@ from tfgen.decoding.state import (
 )
 from tfgen.decoding.loop import DecodingLoop
 from tfgen.config.knobs import KNOBS
-from tfgen.logits.processors import apply_processors
+from tfgen.logits.pipeline import apply_processors
 from tfgen.value_types import is_integer
 
 
@@ -65,8 +65,6 @@ class ContrastiveSearchLoop(DecodingLoop):
     pad is written to its tokens. Only the chosen candidate's logits are used, so models that can apply their
     LM head separately (`logits_from_hidden`) skip it for the other `top_k - 1` candidates.
     """
-
-    streamable = True
 
     def __init__(self, model, spec):
         super().__init__(model, spec)
@@ -127,7 +125,7 @@ class ContrastiveSearchLoop(DecodingLoop):
         cosine = tf.where(decode.buffer_mask[:, None, :] == 1, cosine, float("-inf"))
         degeneration = tf.reduce_max(cosine, axis=-1)
         selection = probability_weight * top_probs - alpha * degeneration
-        if spec.processor_spec.grammar:
+        if spec.processor_spec.is_on("grammar"):
             # A candidate the automaton forbids has probability 0, but a low enough degeneration penalty could still
             # pick it (HF's rule): with fewer allowed tokens than candidates, only allowed ones may win.
             selection = tf.where(top_probs > 0, selection, float("-inf"))

@@ -33,7 +33,8 @@ from tfgen.decoding.state import (
     size_of,
     softmax_limit,
 )
-from tfgen.logits.processors import ProcessorContext, apply_processors
+from tfgen.logits.context import ProcessorContext
+from tfgen.logits.pipeline import apply_processors
 
 #: Philox streams of the draws a sampling drafter makes (stream 0 is the model's own choice of a token).
 DRAFT_STREAM = 1

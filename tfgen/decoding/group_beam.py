@@ -17,7 +17,7 @@ from tfgen.decoding.beam import (
 )
 from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
 from tfgen.config.knobs import KNOBS
-from tfgen.logits.processors import apply_processors
+from tfgen.logits.pipeline import apply_processors
 
 
 def group_beam_options(config) -> dict:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationMode
 from tfgen.decoding.state import DecodeInputs, DecodeState, decoding_model
-from tfgen.logits.processors import ProcessorSpec
+from tfgen.logits.spec import ProcessorSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +70,10 @@ class DecodeSpec:
 class DecodingLoop:
     """Base of every strategy's loop: built from a model and a `DecodeSpec`, traced into a program.
 
-    streamable: whether `generate(..., streamer=...)` may run it in chunks (one token per row per step).
     `self.model` runs the prefill; `self.step_model` runs the steps (the model's decoding view in a whole
     run, see `with_decoding_view`).
     """
 
-    streamable: ClassVar[bool] = False
     #: Rows each prompt occupies in a step's model call whose logits are computed (beams, candidates).
     rows_per_prompt: int = 1
 

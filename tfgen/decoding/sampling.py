@@ -14,7 +14,7 @@ from tfgen.decoding.state import (
     sample_from_scores,
 )
 from tfgen.decoding.loop import DecodingLoop
-from tfgen.logits.processors import apply_processors
+from tfgen.logits.pipeline import apply_processors
 
 
 class GreedyOrSampleLoop(DecodingLoop):
@@ -24,8 +24,6 @@ class GreedyOrSampleLoop(DecodingLoop):
     The first token comes from the prefill's logits, so a step is (forward the last token, choose the next)
     and no forward pass is wasted after the last choice.
     """
-
-    streamable = True
 
     def start(self, inputs: DecodeInputs) -> DecodeState:
         """Prefills the prompt and chooses the first token (rows with no budget write pad)."""

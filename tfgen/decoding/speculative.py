@@ -45,7 +45,7 @@ from tfgen.decoding.drafters import (
 )
 from tfgen.decoding.loop import DecodingLoop
 from tfgen.config.knobs import repeat_per_row
-from tfgen.logits.processors import apply_processors
+from tfgen.logits.pipeline import apply_processors
 from tfgen.decoding.random import uniform_per_row
 from tfgen.stopping.criteria import stopped_rows
 
@@ -113,8 +113,6 @@ class SpeculativeLoop(DecodingLoop):
     Static options: `do_sample`, `drafter` ("prompt_lookup", "early_exit" or "assistant"), `draft_tokens` (k),
     `max_ngram` (prompt lookup), `exit_layers` (early exit); the assistant model is `spec.assistant`.
     """
-
-    streamable = True
 
     def __init__(self, model, spec):
         super().__init__(model, spec)

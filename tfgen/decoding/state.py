@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgen.logits.processors import ProcessorContext
+from tfgen.logits.context import ProcessorContext
 from tfgen.decoding.random import uniform_per_row
 from tfgen.stopping.criteria import stopped_rows
 from tfgen.logits import grammar

@@ -19,7 +19,6 @@ sampling key folded with the row's token index. So a row's tokens never depend o
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from typing import Optional
 
@@ -27,14 +26,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.decoding.state import is_eos, sample_from_scores
-from tfgen.config.knobs import KNOBS
-from tfgen.logits.processors import ProcessorContext, apply_processors
+from tfgen.config.knobs import KNOBS, WARPER_KNOBS
+from tfgen.logits.context import ProcessorContext
+from tfgen.logits.pipeline import apply_processors
 from tfgen.stopping.criteria import stopped_rows
 
-#: Knobs of the sampling warpers: neutral in a greedy row (HF's greedy search runs no warper).
-WARPER_KNOBS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
-#: The `ProcessorSpec` switches of the warpers.
-_WARPER_SWITCHES = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 #: Per-row request values `insert` takes besides the row itself (the `sample` signature's, plus `do_sample`).
 REQUEST_KNOBS = ("temperature", "top_k", "top_p")
 
@@ -65,7 +61,8 @@ class SlotPrograms:
         self.vocab_size = int(model.config.vocab_size)
         self.row_knobs = {name: np.asarray(value)[0] for name, value in knobs.items() if KNOBS[name].per_row}
         self.shared_knobs = {name: np.asarray(value) for name, value in knobs.items() if not KNOBS[name].per_row}
-        self._greedy_spec = dataclasses.replace(spec.processor_spec, **{name: False for name in _WARPER_SWITCHES})
+        # A greedy row runs no warper (HF's greedy search): its warper knobs are neutral.
+        self._greedy_spec = spec.processor_spec.forced({name: False for name in WARPER_KNOBS})
         self._head_apart = ("compute_logits" in inspect.signature(model.call_with_cache).parameters
                             and callable(getattr(model, "logits_from_hidden", None)))
 
@@ -244,4 +241,4 @@ class SlotPrograms:
         }
 
 
-__all__ = ["REQUEST_KNOBS", "SlotPrograms", "WARPER_KNOBS"]
+__all__ = ["REQUEST_KNOBS", "SlotPrograms"]

@@ -1,6 +1,8 @@
 """`generate()` as a TF Serving SavedModel (`export_saved_model`), and the table of its signatures.
 
 The names load on first use, so `tfgen.export.signatures` (TF-free) can be read without importing TensorFlow.
+
+May import `tfgen.engine` (the slot signatures), `tfgen.request` and everything below them.
 """
 
 from __future__ import annotations

@@ -21,10 +21,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfgen.config.generation_config import GenerationConfig, GenerationMode
+from tfgen.config.generation_config import GenerationConfig
 from tfgen.decoding.loop import DecodeSpec, generate_all
-from tfgen.decoding.speculative import check_assisted
-from tfgen.decoding.strategies import make_loop
+from tfgen.decoding.strategies import described, make_loop, modes_that, strategy_for
 from tfgen.request.encoder import decoder_start_token_ids, is_encoder_decoder
 from tfgen.export.signature_inputs import signature_run
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
@@ -37,7 +36,9 @@ from tfgen.export.structured_inputs import (STRUCTURED_SIGNATURE, STRUCTURED_SPE
 from tfgen.export.text_graph import text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
 from tfgen.config.knobs import KNOBS, declared
-from tfgen.request.prepare import base_config, decode_spec, knob_values, pad_token_id_of
+from tfgen.logits.pipeline import resolve_processors
+from tfgen.request.prepare import base_config, pad_token_id_of, refuse_whole_call_options
+from tfgen.request.spec import decode_spec, knob_values
 from tfgen.request.size import check_request_fits
 from tfgen.structured.automaton import constraint_automaton
 from tfgen.value_types import is_integer
@@ -45,12 +46,6 @@ from tfgen.value_types import is_integer
 logger = logging.getLogger(__name__)
 
 EXPORT_INFO_FILE = "tfgen_export.json"
-# Decoding modes whose exported signatures are tested (group beam search and beam sampling are not exported;
-# assisted generation only with prompt lookup, the drafter that needs no second model).
-_EXPORTABLE_MODES = (
-    GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.CONTRASTIVE_SEARCH,
-    GenerationMode.ASSISTED_GENERATION,
-)
 
 
 def export_saved_model(
@@ -230,15 +225,11 @@ def _export_config(model, generation_config, stop_strings) -> GenerationConfig:
     config = base_config(model, generation_config)
     if stop_strings is not None:
         config.update(stop_strings=list(stop_strings) if not isinstance(stop_strings, str) else stop_strings)
-    if config.max_time is not None:
-        raise ValueError(
-            "max_time: an exported signature runs the whole loop in one call, with no clock to check between "
-            "steps; bound requests with the server's timeout instead (unset max_time to export)."
-        )
-    if int(config.num_return_sequences or 1) != 1:
-        raise ValueError(
-            "generation_config: num_return_sequences must be 1 in an export (send a prompt once per sample wanted)"
-        )
+    refuse_whole_call_options(config, {
+        "max_time": "an exported signature runs the whole loop in one call, with no clock to check between steps; "
+                    "bound requests with the server's timeout instead (unset max_time to export).",
+        "num_return_sequences": "must be 1 in an export (send a prompt once per sample wanted).",
+    })
     return config
 
 
@@ -331,23 +322,25 @@ class _Exporter:
             config = self.config.copy()
             config.update(**signature.options(self.choices))
         mode = config.get_generation_mode()
-        if mode not in _EXPORTABLE_MODES or (mode == GenerationMode.ASSISTED_GENERATION
-                                             and config.prompt_lookup_num_tokens is None):
+        strategy = strategy_for(mode)
+        if strategy.exportable is None or not strategy.exportable(config):
             raise ValueError(
-                f"generation_config: mode {mode.value!r} cannot be exported yet (assisted generation only with "
-                f"prompt_lookup_num_tokens); these can: {', '.join(m.value for m in _EXPORTABLE_MODES)}"
+                f"generation_config: mode {mode.value!r} cannot be exported yet; these can: "
+                f"{described(modes_that(lambda s: s.exportable is not None))} (assisted generation with "
+                "prompt_lookup_num_tokens only: the drafter that needs no second model)"
             )
-        if mode == GenerationMode.ASSISTED_GENERATION:
-            check_assisted(self.model, None, config, ())
+        if strategy.check_model is not None:
+            strategy.check_model(self.model, None, config, ())
         # One prompt row of one token is the least any call of the signature decodes: refuse an export no call fits.
         check_request_fits(self.model, config, mode, 1, 1 + self.buffer_new_tokens,
                            1 if self.encoder_decoder else None)
         # Knob values for one row: per-row knobs are repeated to the request's batch, shared ones taken as they are.
-        knobs = knob_values(config, mode, 1, self.vocab_size, self.automaton)
+        processors = resolve_processors(config, self.vocab_size, num_beams=int(config.num_beams))
+        knobs = knob_values(config, mode, 1, processors, self.automaton)
         if signature.table_inputs:  # the request's tables replace any baked ones (one program per table size)
             knobs.update(placeholder_tables(self.table_shapes))
         spec = decode_spec(
-            config, mode, self.vocab_size, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
+            config, mode, processors, buffer_new_tokens=self.buffer_new_tokens, knobs=knobs,
             processor_overrides=signature.processor_overrides, tokenizer=self.tokenizer,
             encoder_decoder=self.encoder_decoder,
         )

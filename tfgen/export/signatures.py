@@ -41,8 +41,9 @@ class SignatureSpec:
         `ExportChoices` returning one); the decoding strategy is the mode the result selects.
     row_inputs: per-row inputs taken besides `input_ids` and `attention_mask`, each a knob or request value of
         `tfgen.config.knobs` (its dtype, shape and valid range make the input's spec and in-graph check).
-    processor_overrides: `ProcessorSpec` fields forced on so that the row inputs always apply (a row sending a
-        neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores untouched).
+    processor_overrides: processors forced on, with their static values (`ProcessorSpec.forced`), so that the row
+        inputs always apply (a row sending a neutral value — top_k 0, top_p 1, temperature 1 — leaves its scores
+        untouched); top-k's static value is its candidate cap, 0 for the whole vocabulary.
     outputs: entries of the decode result returned besides `sequences` and `sequence_lengths`.
     text: takes `text` string `[B]` instead of token ids and returns the generated `text` (needs a tokenizer).
     row_cache_index: decodes speculatively, so it needs a model declaring `row_cache_index` (a per-row cache slot,
@@ -81,7 +82,7 @@ SIGNATURES: dict[str, SignatureSpec] = {
         "multinomial sampling with per-row seed, temperature, top-k, top-p and budget",
         generation_options={"do_sample": True, **_ONE_TOKEN_PER_STEP},
         row_inputs=("seed", "temperature", "top_k", "top_p", "max_new_tokens"),
-        processor_overrides={"temperature": True, "top_k": True, "top_k_cap": 0, "top_p": True},
+        processor_overrides={"temperature": True, "top_k": 0, "top_p": True},
     ),
     "beam_search": SignatureSpec(
         "beam search (beams fixed at export) with per-row length_penalty and budget; returns sequences_scores",

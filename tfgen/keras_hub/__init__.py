@@ -1,6 +1,9 @@
 """keras-hub models generating through tfgen: `from_keras_hub(causal_lm)` (see docs/keras-hub.md).
 
-The names below load on first use: `tfgen.keras_hub.presets` (preset detection) stays free of TensorFlow."""
+The names below load on first use: `tfgen.keras_hub.presets` (preset detection) stays free of TensorFlow.
+
+May import `tfgen.models` (attention, layers), `tfgen.generation` and everything below them.
+"""
 
 from __future__ import annotations
 

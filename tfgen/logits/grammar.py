@@ -1,15 +1,16 @@
-"""A token-level automaton inside the compiled loop: which tokens each row may choose, and the state a chosen
-token leads to. The tables are knobs (`grammar_next` int32 `[S, C]`, `grammar_token_class` int32 `[V]`,
-`grammar_accepting` bool `[S]`, see `tfgen.structured.automaton`); each row carries its state, int32 `[R]`."""
+"""A token-level automaton inside the compiled loop: which tokens each row may choose (`GRAMMAR`, the structured-output
+mask, declared as a processor of the "mask" stage: after every other processor and the caller's, before the
+warpers), and the state a chosen token leads to. The tables are knobs (`grammar_next` int32 `[S, C]`,
+`grammar_token_class` int32 `[V]`, `grammar_accepting` bool `[S]`, see `tfgen.structured.automaton`); each row carries
+its state, int32 `[R]`."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tfgen.structured.automaton import DEAD_STATE, START_STATE
-from tfgen.logits.warpers import id_mask
-
-_NEG_INF = float("-inf")
+from tfgen.logits.context import NEG_INF, id_mask, read_knob
+from tfgen.logits.spec import Processor
+from tfgen.structured.automaton import DEAD_STATE, START_STATE, structured_option
 
 
 def uses_grammar(knobs: dict) -> bool:
@@ -32,9 +33,9 @@ def mask_scores(knobs: dict, states: tf.Tensor, scores: tf.Tensor, eos_token_ids
     eos = id_mask(eos_token_ids, vocab_size)[None, :]
     accepting = tf.gather(knobs["grammar_accepting"], states)[:, None]
     allowed = tf.where(eos, accepting, allowed)
-    masked = tf.where(allowed, scores, _NEG_INF)
-    stuck = ~tf.reduce_any(masked > _NEG_INF, axis=-1, keepdims=True)
-    return tf.where(stuck, tf.where(eos, 0.0, _NEG_INF), masked)
+    masked = tf.where(allowed, scores, NEG_INF)
+    stuck = ~tf.reduce_any(masked > NEG_INF, axis=-1, keepdims=True)
+    return tf.where(stuck, tf.where(eos, 0.0, NEG_INF), masked)
 
 
 def advance(knobs: dict, states, tokens: tf.Tensor, keep: tf.Tensor):
@@ -45,3 +46,15 @@ def advance(knobs: dict, states, tokens: tf.Tensor, keep: tf.Tensor):
     token_class = tf.gather(knobs["grammar_token_class"], tokens)
     moved = tf.gather_nd(knobs["grammar_next"], tf.stack([states, token_class], axis=-1))
     return tf.where(keep, states, moved)
+
+
+def _mask(static, scores, ctx, knobs):
+    # After every other processor, so the output keeps to the automaton whatever they do (a token they forbid stays
+    # forbidden), and before the warpers, so sampling draws among allowed tokens only.
+    return mask_scores(knobs, ctx.grammar_state, scores, read_knob(knobs, "eos_token_ids", tf.int32))
+
+
+#: The structured-output mask: on when the config has a `regex` or `json_schema` (its tables come from the automaton
+#: the request layer builds, `TokenAutomaton.knobs`).
+GRAMMAR = Processor("grammar", lambda config, env: True if structured_option(config) is not None else None, _mask,
+                    stage="mask")

@@ -1,53 +1,25 @@
-"""XLA-safe sampling warpers, numerically matching HF transformers 4.55.4's PyTorch ones.
+"""HF's sampling warpers as XLA-safe TF ops, numerically matching HF transformers 4.55.4's PyTorch ones, each declared
+once (`tfgen.logits.spec.Processor`, stage "warper"): TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+MinPLogitsWarper, TypicalLogitsWarper, EpsilonLogitsWarper and EtaLogitsWarper, in `WARPERS`' order (HF's), run by
+`apply_warpers` after the logits processors. Their values are per-row knobs (`tfgen.config.knobs`, `warper=True`), so
+new values never recompile; which warpers run and the top-k candidate count are static (`ProcessorSpec`).
 
-HF's TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper,
-EpsilonLogitsWarper and EtaLogitsWarper, run by `apply_warpers` in HF's order after the logits processors
-(`tfgen.logits.processors.apply_processors`). Their values are per-row knobs, so new values never recompile; which
-warpers run and the top-k candidate count are static (`ProcessorSpec`).
+A warper's `apply` is `(static, scores, knobs, pool, keep)`: `pool` int32 `[B, N]` is, per row, token ids sorted by
+descending score covering every finite score (None: the whole vocabulary), `keep` HF's `min_tokens_to_keep`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-if TYPE_CHECKING:
-    from tfgen.logits.processors import ProcessorSpec
+from tfgen.logits.context import NEG_INF, drop_tokens, per_row_knob, read_knob
+from tfgen.logits.spec import BuildEnv, Processor, ProcessorSpec, float_option, int_option, per_row
 
-_NEG_INF = float("-inf")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Shared with the logits processors (`tfgen.logits.processors`) and the structured-output mask (`tfgen.logits.grammar`)
-
-
-def read_knob(knobs, name: str, dtype) -> tf.Tensor:
-    """`knobs[name]` (a tensor or array of any shape) cast to `dtype`; ValueError when `knobs` lacks it."""
-    if name not in knobs:
-        raise ValueError(f"knobs is missing {name!r}, which an enabled processor needs")
-    return tf.cast(knobs[name], dtype)
-
-
-def per_row_knob(knobs, name: str, dtype=tf.float32) -> tf.Tensor:
-    """A per-row knob [B] as a column [B, 1] that broadcasts against scores [B, V]."""
-    return tf.reshape(read_knob(knobs, name, dtype), [-1, 1])
-
-
-def id_mask(token_ids: tf.Tensor, vocab_size: int) -> tf.Tensor:
-    """bool [V]: which vocabulary entries appear in `token_ids` int32 [N] (-1 entries match nothing), e.g. the eos
-    ids of a knob."""
-    return tf.reduce_any(tf.range(vocab_size)[:, None] == token_ids[None, :], axis=1)
-
-
-def drop_tokens(scores: tf.Tensor, removed: tf.Tensor) -> tf.Tensor:
-    """`scores` float32 [B, V] with -inf where `removed` (bool, broadcasting to [B, V]) is true."""
-    return tf.where(removed, _NEG_INF, scores)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Warpers
+# The smallest static top-k candidate count (a power of two); see `ProcessorSpec.top_k_cap`.
+_MIN_TOP_K_CAP = 64
 
 
 def _kth_largest(scores: tf.Tensor, k: int) -> tf.Tensor:
@@ -119,7 +91,7 @@ def _divide_by_temperature(scores: tf.Tensor, temperature: tf.Tensor) -> tf.Tens
     divided = scores / temperature
     finite = tf.math.is_finite(scores)
     overflowed = tf.reduce_any(tf.math.is_inf(divided) & finite, axis=-1, keepdims=True)
-    row_max = tf.reduce_max(tf.where(finite, scores, _NEG_INF), axis=-1, keepdims=True)
+    row_max = tf.reduce_max(tf.where(finite, scores, NEG_INF), axis=-1, keepdims=True)
     return tf.where(overflowed, (scores - row_max) / temperature, divided)
 
 
@@ -128,6 +100,57 @@ def _when_any(asked: tf.Tensor, warp, scores: tf.Tensor) -> tf.Tensor:
     warpers are always in a sampling program (so switching them on is never a new program); this keeps a
     neutral top-p or typical-p at the cost of a test instead of a sort of the vocabulary."""
     return tf.cond(tf.reduce_any(asked), lambda: warp(scores), lambda: scores)
+
+
+def _top_k_cap(value, env: BuildEnv) -> int:
+    """The static top-k candidate count: the next power of two of the larger of top_k, min_tokens_to_keep and 64, so
+    top-k values share a program within a power-of-two cap; 0 (the whole vocabulary) when it reaches the vocabulary."""
+    wanted = max(value or 0, env.min_tokens_to_keep, _MIN_TOP_K_CAP)
+    cap = 1 << (wanted - 1).bit_length()
+    return 0 if cap >= env.vocab_size else cap
+
+
+def _filter(name: str, asked: Callable, warp: Callable) -> Callable:
+    """An `apply` running `warp(scores, pool, knob column, keep)` only when some row's knob value is `asked` (a
+    neutral value in every row skips its sort, see `_when_any`)."""
+
+    def apply(static, scores, knobs, pool, keep):
+        value = per_row_knob(knobs, name)
+        return _when_any(asked(value), lambda scores: warp(scores, pool, value, keep), scores)
+
+    return apply
+
+
+def _cutoff_apply(name: str, entropy_scaled: bool):
+    return lambda static, scores, knobs, pool, keep: _cutoff(scores, per_row_knob(knobs, name), keep,
+                                                               entropy_scaled=entropy_scaled)
+
+
+def _warper(name: str, read, apply, presence: str = "sampling", **options) -> Processor:
+    return Processor(name, read, apply, knobs=per_row(name), presence=presence, stage="warper", **options)
+
+
+TEMPERATURE = _warper("temperature", float_option("temperature", lambda v: v != 1.0),
+                      lambda static, scores, knobs, pool, keep: _divide_by_temperature(
+                          scores, per_row_knob(knobs, "temperature")))
+#: Its `apply` is unused: `apply_warpers` ranks the candidates itself (their ids become the other warpers' pool).
+TOP_K = _warper("top_k", int_option("top_k", lambda v, env: v != 0), None, static=_top_k_cap)
+TOP_P = _warper("top_p", float_option("top_p", lambda v: v < 1.0),
+                _filter("top_p", lambda v: v < 1.0, _top_p))
+MIN_P = _warper("min_p", float_option("min_p", lambda v: True),
+                _filter("min_p", lambda v: v > 0.0, lambda scores, pool, min_p, keep: _min_p(scores, min_p, keep)))
+TYPICAL_P = _warper("typical_p", float_option("typical_p", lambda v: v < 1.0),
+                    _filter("typical_p", lambda v: v < 1.0, _typical_p))
+EPSILON_CUTOFF = _warper("epsilon_cutoff", float_option("epsilon_cutoff", lambda v: 0 < v < 1),
+                         _cutoff_apply("epsilon_cutoff", False), presence="built")
+ETA_CUTOFF = _warper("eta_cutoff", float_option("eta_cutoff", lambda v: 0 < v < 1),
+                     _cutoff_apply("eta_cutoff", True), presence="built")
+
+#: The sampling warpers, in HF's order.
+WARPERS: tuple[Processor, ...] = (TEMPERATURE, TOP_K, TOP_P, MIN_P, TYPICAL_P, EPSILON_CUTOFF, ETA_CUTOFF)
+# What runs after top-k, in order; top-p and typical-p sort, and read top-k's candidates as their pool.
+_FILTERS = WARPERS[2:]
+_POOL_USERS = ("top_p", "typical_p")
 
 
 def apply_warpers(spec: ProcessorSpec, scores: tf.Tensor, knobs) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -140,26 +163,16 @@ def apply_warpers(spec: ProcessorSpec, scores: tf.Tensor, knobs) -> tuple[tf.Ten
     """
     vocab_size = scores.shape[-1]
     keep = spec.min_tokens_to_keep
-    if spec.temperature:
-        scores = _divide_by_temperature(scores, per_row_knob(knobs, "temperature"))
+    if spec.is_on(TEMPERATURE.name):
+        scores = TEMPERATURE.apply(True, scores, knobs, None, keep)
 
     def filter_distribution(scores, pool):
-        if spec.top_p:
-            top_p = per_row_knob(knobs, "top_p")
-            scores = _when_any(top_p < 1.0, lambda scores: _top_p(scores, pool, top_p, keep), scores)
-        if spec.min_p:
-            min_p = per_row_knob(knobs, "min_p")
-            scores = _when_any(min_p > 0.0, lambda scores: _min_p(scores, min_p, keep), scores)
-        if spec.typical_p:
-            mass = per_row_knob(knobs, "typical_p")
-            scores = _when_any(mass < 1.0, lambda scores: _typical_p(scores, pool, mass, keep), scores)
-        if spec.epsilon_cutoff:
-            scores = _cutoff(scores, per_row_knob(knobs, "epsilon_cutoff"), keep, entropy_scaled=False)
-        if spec.eta_cutoff:
-            scores = _cutoff(scores, per_row_knob(knobs, "eta_cutoff"), keep, entropy_scaled=True)
+        for warper in _FILTERS:
+            if spec.is_on(warper.name):
+                scores = warper.apply(spec.static(warper.name), scores, knobs, pool, keep)
         return scores
 
-    if not spec.top_k:
+    if not spec.is_on(TOP_K.name):
         return filter_distribution(scores, None), None
     cap = spec.top_k_cap if 0 < spec.top_k_cap < vocab_size else vocab_size
     top_k = read_knob(knobs, "top_k", tf.int32)
@@ -172,13 +185,13 @@ def apply_warpers(spec: ProcessorSpec, scores: tf.Tensor, knobs) -> tuple[tf.Ten
         top_values, candidates = tf.cond(
             tf.reduce_any(top_k > 0),
             lambda: tuple(tf.math.top_k(scores, cap)),
-            lambda: (tf.fill(tf.shape(scores[:, :cap]), _NEG_INF), tf.zeros_like(scores[:, :cap], tf.int32)),
+            lambda: (tf.fill(tf.shape(scores[:, :cap]), NEG_INF), tf.zeros_like(scores[:, :cap], tf.int32)),
         )
     kth = tf.gather(top_values, tf.clip_by_value(tf.maximum(top_k, keep), 1, cap)[:, None] - 1, batch_dims=1)
     scores = drop_tokens(scores, (top_k[:, None] > 0) & (scores < kth))
     if cap == vocab_size:
         return filter_distribution(scores, candidates), None
-    if not (spec.top_p or spec.typical_p):
+    if not any(spec.is_on(name) for name in _POOL_USERS):
         return filter_distribution(scores, None), candidates
     # The candidates hold every finite score only when every row is top-k filtered; then the later sorts can
     # skip the rest of the vocabulary.

@@ -134,18 +134,3 @@ def check_seed(seed, batch_size: int, do_sample: bool, *, stacklevel: int = 4) -
     if keys.ndim == 1:
         keys = derive_seeds(np.tile(keys[None], [batch_size, 1]), np.arange(batch_size)).numpy()
     return keys.astype(np.int32)
-
-
-def check_callables(entries, argument: str, expected: str) -> tuple:
-    """`entries` (None or an iterable) as a tuple; TypeError naming `argument` unless each entry is a callable
-    instance (a class is a common slip: `[MyProcessor]` for `[MyProcessor()]`). `expected` describes one entry."""
-    if callable(entries) and not isinstance(entries, (list, tuple)) and not hasattr(entries, "__iter__"):
-        raise TypeError(f"{argument} must be a list of {expected}; wrap a single one in a list: [{entries!r}]")
-    try:
-        entries = tuple(entries or ())
-    except TypeError:
-        raise TypeError(f"{argument} must be a list of {expected}, got {entries!r}") from None
-    for entry in entries:
-        if isinstance(entry, type) or not callable(entry):
-            raise TypeError(f"{argument} entries must be {expected}, got {entry!r}")
-    return entries

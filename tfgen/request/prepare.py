@@ -10,19 +10,19 @@ the eos vector, the knob values and the program key exist once. See `docs/design
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationConfig, GenerationMode
-from tfgen.decoding.constraints import check_constraint_vocabulary
-from tfgen.request.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
-from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
-from tfgen.decoding.state import DecodeInputs
 from tfgen.decoding.loop import DecodeSpec
-from tfgen.decoding.speculative import check_assisted
-from tfgen.decoding.strategies import strategy_for
+from tfgen.decoding.state import DecodeInputs
+from tfgen.decoding.strategies import DecodingStrategy, strategy_for
+from tfgen.request.buckets import DEFAULT_BUCKETS
+from tfgen.request.spec import decode_spec, knob_values
+from tfgen.request.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
 from tfgen.request.encoder import (
     ENCODER_DECODER_INPUTS,
     encoder_decoder_prompt,
@@ -31,59 +31,14 @@ from tfgen.request.encoder import (
     refuse_encoder_decoder_inputs,
     returned_encoder_states,
 )
-from tfgen.config.knobs import KNOBS
-from tfgen.logits.from_config import processor_knobs_from_config, processor_spec_from_config
-from tfgen.logits.processors import check_user_processors
+from tfgen.logits.pipeline import ResolvedProcessors, resolve_processors
 from tfgen.decoding.random import derive_seeds
 from tfgen.request.size import check_request_fits
-from tfgen.stopping.stop_strings import stop_string_tables
-from tfgen.structured.automaton import constraint_automaton, structured_option
-from tfgen.stopping.criteria import check_user_criteria, split_stopping_criteria
-from tfgen.config.unsupported import refuse_unsupported
+from tfgen.structured.automaton import constraint_automaton
+from tfgen.stopping.criteria import split_stopping_criteria
 
-_BEAM_MODES = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.GROUP_BEAM_SEARCH,
-               GenerationMode.CONSTRAINED_BEAM_SEARCH)
-# The strategies whose rows carry a structured-output automaton state.
-_GRAMMAR_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH,
-                  GenerationMode.BEAM_SAMPLE, GenerationMode.CONTRASTIVE_SEARCH)
-# What encoder-decoder models do not run (yet): drafting needs a decoder-only assistant, constraints HF's scorer.
-_NO_ENCODER_MODES = (GenerationMode.ASSISTED_GENERATION, GenerationMode.CONSTRAINED_BEAM_SEARCH)
 # generate() keywords that are not GenerationConfig attributes.
 MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", *ENCODER_DECODER_INPUTS)
-
-
-@dataclasses.dataclass(frozen=True)
-class BucketPolicy:
-    """How request shapes are rounded up so that ragged traffic reuses a handful of compiled programs.
-
-    Batch sizes round up to a power of two up to `batch_step`, then to a multiple of it; prompt lengths and
-    new-token budgets round up to multiples of `length_step` / `new_tokens_step`. The padding is exact: extra
-    prompt columns are left padding under the attention mask, extra rows are discarded, and the loop stops at
-    the real budget (it is a tensor), not at the bucket.
-    """
-
-    batch_step: int = 8
-    length_step: int = 16
-    new_tokens_step: int = 16
-
-    def batch(self, size: int) -> int:
-        if size <= self.batch_step:
-            return 1 << (size - 1).bit_length()
-        return _round_up(size, self.batch_step)
-
-    def prompt_length(self, length: int) -> int:
-        return _round_up(length, self.length_step)
-
-    def new_tokens(self, count: int) -> int:
-        return _round_up(count, self.new_tokens_step)
-
-
-EXACT_SHAPES = BucketPolicy(batch_step=1, length_step=1, new_tokens_step=1)
-DEFAULT_BUCKETS = BucketPolicy()
-
-
-def _round_up(value: int, step: int) -> int:
-    return max(step, -(-value // step) * step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +90,20 @@ class ResolvedConfig(NamedTuple):
     explicit_max_length: bool
 
 
-def base_config(model, generation_config=None) -> GenerationConfig:
-    """A copy of `generation_config`, else of the model's `generation_config`, else one from its config."""
+def source_config(model, generation_config=None) -> GenerationConfig:
+    """`generation_config`, else the model's `generation_config`, else one from its config (not a copy: read it,
+    never change it)."""
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         raise TypeError(
             f"generation_config must be a tfgen.GenerationConfig, got {type(generation_config).__name__}."
         )
     base = generation_config or getattr(model, "generation_config", None)
-    if base is None:
-        base = GenerationConfig.from_model_config(model.config)
-    return base.copy()
+    return GenerationConfig.from_model_config(model.config) if base is None else base
+
+
+def base_config(model, generation_config=None) -> GenerationConfig:
+    """A copy of `source_config(model, generation_config)`."""
+    return source_config(model, generation_config).copy()
 
 
 def resolve_config(
@@ -170,6 +129,56 @@ def resolve_config(
     return ResolvedConfig(config, "max_length" in options)
 
 
+def refuse_whole_call_options(config: GenerationConfig, why: dict[str, str]) -> None:
+    """ValueError for the options only `generate()` honours, for an entry point that runs each request as whole
+    compiled calls and returns one row per prompt (a batch job, an export): `max_time` (the host checks a clock
+    between compiled chunks) and `num_return_sequences` above 1. `why`: each option's reason, in the entry point's
+    words."""
+    if config.max_time is not None:
+        raise ValueError(f"max_time: {why['max_time']}")
+    if int(config.num_return_sequences or 1) != 1:
+        raise ValueError(f"num_return_sequences: {why['num_return_sequences']}")
+
+
+class ResolvedCall(NamedTuple):
+    """What a generate call decides before looking at its inputs, resolved and validated once (`resolve_call`): the
+    effective config (a copy), whether it set `max_length`, the generation mode and its strategy's declaration, the
+    processors (spec and values), the user's processors and criteria, the tokenizer and the assistant model."""
+
+    config: GenerationConfig
+    explicit_max_length: bool
+    mode: GenerationMode
+    strategy: DecodingStrategy
+    processors: ResolvedProcessors
+    user_processors: tuple
+    user_criteria: tuple
+    tokenizer: Any
+    assistant_model: Any
+
+
+def resolve_call(model, generation_config: Optional[GenerationConfig] = None, options: Optional[dict] = None, *,
+                 logits_processor: Optional[Sequence] = None, stopping_criteria: Optional[Sequence] = None,
+                 tokenizer=None, assistant_model=None, stacklevel: int = 2) -> ResolvedCall:
+    """The config of a call (`generation_config` or the model's, updated with `options`: `GenerationConfig`
+    attributes) validated once, its mode, the strategy's model checks and its processors — everything of a call
+    that does not depend on its inputs, so that a caller running many calls alike (a batch job) resolves it once.
+    Raises ValueError / TypeError naming the option; `stacklevel` as `warnings.warn`'s, from this function."""
+    options = dict(options or {})
+    user_criteria, criteria_options, tokenizer = split_stopping_criteria(
+        stopping_criteria, source_config(model, generation_config), options, tokenizer
+    )
+    options.update(criteria_options)
+    config, explicit_max_length = resolve_config(model, generation_config, options, stacklevel=stacklevel + 1)
+    mode = config.get_generation_mode(assistant_model)
+    _warn_of_a_draft_length_without_drafter(config, mode, stacklevel + 1)
+    strategy = strategy_for(mode)
+    if strategy.check_model is not None:
+        strategy.check_model(model, assistant_model, config, logits_processor)
+    processors = resolve_processors(config, int(model.config.vocab_size), num_beams=int(config.num_beams))
+    return ResolvedCall(config, explicit_max_length, mode, strategy, processors, tuple(logits_processor or ()),
+                        user_criteria, tokenizer, assistant_model)
+
+
 def pad_token_id_of(config: GenerationConfig, vocab_size: Optional[int] = None) -> int:
     """The id written after a row finished: `pad_token_id`, else HF's convention for models without a pad token,
     the (first) eos id, else 0. With `vocab_size`, a pad id outside the vocabulary is a ValueError (the model
@@ -184,107 +193,17 @@ def pad_token_id_of(config: GenerationConfig, vocab_size: Optional[int] = None) 
     return pad_token_id
 
 
-def knob_values(config: GenerationConfig, mode: GenerationMode, batch_size: int, vocab_size: int,
-                automaton=None) -> dict:
-    """Every run-time knob of `config`'s decoding in `mode` for `batch_size` rows (numpy arrays): the processors',
-    the strategy's, and `automaton`'s tables (`constraint_automaton`: the config's `regex` / `json_schema`)."""
-    strategy = strategy_for(mode)
-    knobs = {**processor_knobs_from_config(config, batch_size, vocab_size), **strategy.runtime_knobs(config, batch_size)}
-    if automaton is not None:
-        knobs.update(automaton.knobs())
-    return knobs
-
-
-def knob_layout(knobs: dict) -> tuple:
-    """`(name, shape, dtype)` per knob, the batch axis of per-row knobs left out (part of the program key)."""
-    return tuple(
-        (name, tuple(np.shape(value)[1:] if KNOBS[name].per_row else np.shape(value)), str(np.asarray(value).dtype))
-        for name, value in sorted(knobs.items())
-    )
-
-
-def decode_spec(
-    config: GenerationConfig,
-    mode: GenerationMode,
-    vocab_size: int,
-    *,
-    buffer_new_tokens: int,
-    knobs: dict,
-    batch_size: Optional[int] = None,
-    prompt_width: Optional[int] = None,
-    user_processors: Sequence = (),
-    processor_overrides: Optional[dict] = None,
-    tokenizer=None,
-    stopping_criteria: Sequence = (),
-    assistant_model=None,
-    encoder_decoder: bool = False,
-    encoder_width: Optional[int] = None,
-    encoder_states_given: bool = False,
-) -> DecodeSpec:
-    """The program key of `config`'s decoding in `mode` (`config.get_generation_mode()`, computed once by the
-    caller: it may warn). `processor_overrides`: `ProcessorSpec` fields forced (an export
-    forces the processors whose knobs it takes per request); batch and prompt width None: any (exports).
-    `tokenizer` is needed for `config.stop_strings`; `stopping_criteria` are user criteria traced into the loop;
-    `assistant_model` drafts for assisted generation (checked by the caller, `check_assisted`). `encoder_decoder`:
-    the model has an encoder, whose input is `encoder_width` columns wide (None: any), and whose output comes with the
-    inputs when `encoder_states_given`."""
-    refuse_unsupported(config, encoder_decoder=encoder_decoder)
-    if encoder_decoder and mode in _NO_ENCODER_MODES:
-        raise ValueError(f"{mode.value}: tfgen does not run it for encoder-decoder models yet (greedy search, "
-                         "sampling, beam search, beam sampling, group beam search and contrastive search it does).")
-    stop_strings = _stop_string_tables(config, tokenizer, vocab_size)
-    stopping_criteria = check_user_criteria(stopping_criteria)
-    processor_spec = processor_spec_from_config(config, vocab_size, num_beams=int(config.num_beams))
-    if processor_spec.grammar and mode not in _GRAMMAR_MODES:
-        raise ValueError(f"{structured_option(config)}: structured output works with greedy search, sampling, beam "
-                         f"search, beam sampling and contrastive search, not with {mode.value.replace('_', ' ')}.")
-    if stopping_criteria and mode == GenerationMode.CONSTRAINED_BEAM_SEARCH:
-        raise ValueError("stopping_criteria: constrained beam search does not support them (HF applies them to the "
-                         "running beams as a whole, not per hypothesis).")
-    if (stop_strings is not None or stopping_criteria) and mode == GenerationMode.GROUP_BEAM_SEARCH:
-        raise ValueError(
-            "stop_strings / stopping_criteria: group beam search does not support them yet (beam search, sampling, "
-            "greedy and contrastive search do)."
+def _warn_of_a_draft_length_without_drafter(config: GenerationConfig, mode: GenerationMode, stacklevel: int) -> None:
+    """`num_assistant_tokens` sets how many tokens a model drafter drafts; without one (no `assistant_model`, no
+    `assistant_early_exit`) it has no effect: warned as HF warns of options of another mode (`stacklevel` as
+    `warnings.warn`'s, from the caller). Prompt lookup's own case is `GenerationConfig.validate`'s."""
+    if mode != GenerationMode.ASSISTED_GENERATION and config.num_assistant_tokens != GenerationConfig.num_assistant_tokens:
+        warnings.warn(
+            "Generation options that have no effect with these settings and are ignored:\n- `num_assistant_tokens`: "
+            f"set to {config.num_assistant_tokens!r}, but no drafter is given (assistant_model= or "
+            "assistant_early_exit) and it is only used by assisted generation.",
+            UserWarning, stacklevel=stacklevel + 1,
         )
-    strategy = strategy_for(mode)
-    static_options = strategy.static_options(config)
-    if mode == GenerationMode.CONTRASTIVE_SEARCH and static_options["top_k"] > vocab_size:
-        raise ValueError(f"top_k: contrastive search ranks top_k={static_options['top_k']} candidates, more than "
-                         f"the vocabulary's {vocab_size} tokens.")
-    if mode == GenerationMode.CONSTRAINED_BEAM_SEARCH:
-        check_constraint_vocabulary(static_options["constraints"], vocab_size)
-    if processor_overrides:
-        processor_spec = dataclasses.replace(processor_spec, **processor_overrides)
-    user_processors = check_user_processors(user_processors)
-    return DecodeSpec(
-        mode=mode,
-        options=tuple(sorted(static_options.items())),
-        buffer_new_tokens=buffer_new_tokens,
-        processor_spec=processor_spec,
-        knob_layout=knob_layout(knobs),
-        batch_size=batch_size,
-        prompt_width=prompt_width,
-        output_scores=bool(config.output_scores) and bool(config.return_dict_in_generate),
-        output_logits=bool(config.output_logits) and bool(config.return_dict_in_generate),
-        user_processors=user_processors,
-        user_processor_ids=tuple(id(processor) for processor in user_processors),
-        stop_strings=stop_strings,
-        stopping_criteria=stopping_criteria,
-        stopping_criteria_ids=tuple(id(criterion) for criterion in stopping_criteria),
-        assistant=assistant_model if mode == GenerationMode.ASSISTED_GENERATION else None,
-        assistant_id=id(assistant_model) if mode == GenerationMode.ASSISTED_GENERATION else None,
-        encoder_width=encoder_width,
-        encoder_states_given=encoder_states_given,
-    )
-
-
-def _stop_string_tables(config: GenerationConfig, tokenizer, vocab_size: int):
-    """The matcher tables of `config.stop_strings` (None when unset); ValueError without a tokenizer."""
-    if config.stop_strings is None:
-        return None
-    if tokenizer is None:
-        raise ValueError("stop_strings: matching stop strings needs the model's tokenizer; pass tokenizer=.")
-    return stop_string_tables(tokenizer, config.stop_strings, vocab_size)
 
 
 def prepare_request(
@@ -296,10 +215,13 @@ def prepare_request(
     seed=None,
     tokenizer=None,
     stopping_criteria: Optional[Sequence] = None,
+    call: Optional[ResolvedCall] = None,
     stacklevel: int = 2,
     **options,
 ) -> Request:
     """Resolves the config, checks every input and builds the program inputs and key — all before compiling.
+    `call`: the call already resolved (`resolve_call`); `generation_config`, `logits_processor`, `tokenizer`,
+    `stopping_criteria` and generation options must then be left out.
 
     inputs / `input_ids=`: int ids `[batch, prompt_len]`, left padded (may be empty when the model has a
     `bos_token_id`). `attention_mask=`: `[batch, prompt_len]` 0/1, inferred from pad ids like HF when absent.
@@ -316,16 +238,15 @@ def prepare_request(
     encoder_decoder_inputs = {name: options.pop(name) for name in ENCODER_DECODER_INPUTS if name in options}
     if not encoder_decoder:
         refuse_encoder_decoder_inputs(encoder_decoder_inputs)
-    assistant_model = options.pop("assistant_model", None)
-    user_criteria, criteria_options, tokenizer = split_stopping_criteria(
-        stopping_criteria, base_config(model, generation_config), options, tokenizer
-    )
-    options.update(criteria_options)
-    config, explicit_max_length = resolve_config(model, generation_config, options, stacklevel=stacklevel + 1)
-    mode = config.get_generation_mode(assistant_model)
-    if mode == GenerationMode.ASSISTED_GENERATION:
-        check_assisted(model, assistant_model, config, logits_processor)
-    strategy = strategy_for(mode)
+    if call is None:
+        call = resolve_call(model, generation_config, options, logits_processor=logits_processor,
+                            stopping_criteria=stopping_criteria, tokenizer=tokenizer,
+                            assistant_model=options.pop("assistant_model", None), stacklevel=stacklevel + 1)
+    elif options or any(value is not None for value in (generation_config, logits_processor, tokenizer,
+                                                          stopping_criteria)):
+        raise TypeError("prepare_request: with `call`, the call's config, processors, criteria and tokenizer are "
+                        "already resolved; pass only inputs and seed")
+    config, mode, strategy, processors, tokenizer = call.config, call.mode, call.strategy, call.processors, call.tokenizer
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
 
@@ -338,7 +259,7 @@ def prepare_request(
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
                                                  stacklevel=stacklevel + 1)
     batch_size, prompt_len = input_ids.shape
-    max_new_tokens = resolve_lengths(config, prompt_len, model_config, explicit_max_length)
+    max_new_tokens = resolve_lengths(config, prompt_len, model_config, call.explicit_max_length)
     longest_row = int(attention_mask.sum(axis=1).max())
     max_positions = getattr(model_config, "max_position_embeddings", None)
     if max_positions is not None and longest_row + max_new_tokens > max_positions:
@@ -347,12 +268,6 @@ def prepare_request(
             f"for, but the model has only {max_positions} positions."
         )
 
-    if mode in _BEAM_MODES and not bool(length_penalty_fits(config.length_penalty, max_new_tokens)):
-        raise ValueError(
-            f"length_penalty: {config.length_penalty!r} is too large in magnitude for {max_new_tokens} new tokens: "
-            f"length ** length_penalty would leave float32 and every beam would score alike (|length_penalty| × "
-            f"ln(max_new_tokens) must stay <= {LENGTH_PENALTY_EXPONENT_LIMIT:g})."
-        )
     row_seeds = check_seed(seed, batch_size, bool(config.do_sample), stacklevel=stacklevel + 1)
     num_return = int(config.num_return_sequences or 1)
     buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
@@ -383,13 +298,14 @@ def prepare_request(
     seeds = np.zeros([padded_batch, 2], np.int32)
     seeds[:batch_size] = row_seeds
     automaton = constraint_automaton(config, tokenizer, vocab_size)
-    knobs = knob_values(config, mode, padded_batch, vocab_size, automaton)
+    knobs = knob_values(config, mode, padded_batch, processors, automaton)
 
     hidden_states_out, encode_ahead = returned_encoder_states(encoder, config, stacklevel=stacklevel + 1)
     spec = decode_spec(
-        config, mode, vocab_size, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
-        batch_size=padded_batch, prompt_width=padded_len, user_processors=logits_processor or (),
-        tokenizer=tokenizer, stopping_criteria=user_criteria, assistant_model=assistant_model,
+        config, mode, processors, buffer_new_tokens=buckets.new_tokens(max_new_tokens), knobs=knobs,
+        batch_size=padded_batch, prompt_width=padded_len, max_new_tokens=max_new_tokens,
+        user_processors=call.user_processors,
+        tokenizer=tokenizer, stopping_criteria=call.user_criteria, assistant_model=call.assistant_model,
         encoder_decoder=encoder_decoder, encoder_width=encoder_width,
         encoder_states_given=encode_ahead or getattr(encoder, "states", None) is not None,
     )

@@ -50,14 +50,14 @@ def check_request_fits(model, config: GenerationConfig, mode: GenerationMode, pr
     """ValueError unless two copies of the KV cache and the per-step logits of `prompts` rows decoding up to
     `length` positions in `mode` fit in the memory available (`tfgen.memory`); the message names the options to
     lower. `encoder_length`: an encoder-decoder model's encoder input columns (its cross-attention cache)."""
-    rows_per_prompt = strategy_for(mode).cache_rows_per_prompt(config)
+    strategy = strategy_for(mode)
+    rows_per_prompt = strategy.cache_rows_per_prompt(config)
     rows = prompts * rows_per_prompt
     logits_bytes = rows * int(model.config.vocab_size) * _LOGITS_BYTES_PER_ENTRY
     needed = _CACHE_COPIES * cache_bytes(model, rows, length, encoder_length) + logits_bytes
     what = f"decoding {prompts} prompt row(s)"
     if rows_per_prompt > 1:
-        contrastive = mode == GenerationMode.CONTRASTIVE_SEARCH
-        what += f" × {rows_per_prompt} " + ("candidates (top_k)" if contrastive else "beams (num_beams)")
+        what += f" × {rows_per_prompt} {strategy.rows_named}"
     check_fits(
         needed,
         f"{what} over {length} positions (KV cache and logits)",

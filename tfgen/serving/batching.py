@@ -20,6 +20,7 @@ from typing import Iterator, Optional
 import numpy as np
 import tensorflow as tf
 
+from tfgen.decoding.strategies import STRATEGIES
 from tfgen.engine.scheduler import EngineFull, EngineStopped, ExportedSlots, Row, SlotEngine, warm_up
 from tfgen.export.request_checks import request_checks
 from tfgen.export.signature_inputs import default_row_seeds
@@ -29,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 #: What a request refused for a full queue is told to wait (seconds, the 503's Retry-After).
 RETRY_AFTER = 1
-_ENGINE_MODES = {"greedy_search": False, "sample": True}
+# The modes the slot engine decodes (by their value in the export's info), with their rows' `do_sample`.
+_ENGINE_MODES = {mode.value: strategy.slot_sampling for mode, strategy in STRATEGIES.items()
+                 if strategy.slot_sampling is not None}
 _TEXT_SIGNATURES = ("text_tokenize", "text_detokenize")
 
 

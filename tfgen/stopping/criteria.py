@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfgen.request.input_checks import check_callables
+from tfgen.value_types import check_callables
 from tfgen.stopping.stop_strings import StopStringTables, stop_string_hits, stop_string_tables, tail_window
 
 

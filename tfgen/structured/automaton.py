@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tfgen.structured.json_schema import schema_regex
 from tfgen.text.token_text import token_bytes
 
 DEAD_STATE = 0
@@ -194,8 +195,6 @@ def structured_option(config) -> Optional[str]:
 def constraint_automaton(config, tokenizer, vocab_size: int) -> Optional[TokenAutomaton]:
     """The automaton of `config.regex` or `config.json_schema` (None when neither is set). ValueError without a
     tokenizer, for a bad pattern or schema, or an unsupported schema feature."""
-    from tfgen.structured.json_schema import schema_regex
-
     name = structured_option(config)
     if name is None:
         return None
