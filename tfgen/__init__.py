@@ -11,8 +11,9 @@ from tfgen.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# TensorFlow reads TF_XLA_FLAGS once, when its runtime starts, so the cache is set up before anything of tfgen's
-# can start it.
+# TensorFlow reads TF_XLA_FLAGS once, when its runtime starts (the first op, long before the first generate call),
+# so the compile cache's flag is set now. That creates nothing: the cache's folders, thread and exit hook start
+# with the first compiled program (compile_cache.start()).
 compile_cache.configure()
 
 _EXPORTS = {

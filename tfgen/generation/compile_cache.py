@@ -3,9 +3,17 @@
 TensorFlow 2.21 saves every executable that `tf.function(jit_compile=True)` compiles to the directory that
 `--tf_xla_persistent_cache_directory` in `TF_XLA_FLAGS` names, and a later process compiling the same program
 loads it instead of running XLA's optimisation and code generation (tracing and the lowering to HLO still run,
-and TensorFlow checks that the saved HLO equals the new one). TensorFlow reads `TF_XLA_FLAGS` once, when its
-runtime starts (the first op or device query, not `import tensorflow`), so `tfgen/__init__.py` calls
-`configure()` on import.
+and TensorFlow checks that the saved HLO equals the new one).
+
+The cache starts in two steps, so that `import tfgen` creates no file, folder or thread:
+
+* `configure()`, called by `tfgen/__init__.py` on import, only chooses this process's private directory (a path,
+  not created) and adds the flag to the process's `TF_XLA_FLAGS`. It must run then: TensorFlow reads
+  `TF_XLA_FLAGS` once, when its runtime starts (the first op, e.g. building a model, long before the first
+  generate call), and a later change has no effect.
+* `start()`, called where tfgen makes a compiled program (`programs.cached_program`, `load_export`), creates the
+  directory, removes abandoned ones, fills it from the store in a thread and registers the publisher that runs at
+  exit. It runs once; later calls return at once.
 
 Two properties of TensorFlow's cache shape this module:
 
@@ -19,6 +27,10 @@ Two properties of TensorFlow's cache shape this module:
 * TensorFlow keys an entry by the traced function's name and HLO, and the name carries a per-process trace
   counter: a process hits the cache when it traces the same functions in the same order, as repeated `tfgen`
   commands do.
+
+TensorFlow also fails every compile whose entry it cannot write, including when it cannot create the directory
+the flag names. So `configure()` sets the flag only when the directory's nearest existing parent is a folder this
+process may write (a few `stat` calls), and `start()` warns when the cache is off for that reason.
 
 Environment: `TFGEN_COMPILE_CACHE=0` (or off, false, no) turns the cache off; `TFGEN_CACHE_DIR` moves tfgen's cache
 folder (default `$XDG_CACHE_HOME/tfgen`, else `~/.cache/tfgen`); a `TF_XLA_FLAGS` that already names a cache
@@ -34,8 +46,8 @@ import logging
 import os
 import platform
 import re
+import secrets
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
@@ -60,6 +72,11 @@ _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "fl
 
 _configured = False
 _directory: Optional[str] = None
+_configured_pid: Optional[int] = None
+# Why the cache is off although enabled (its folder cannot be created): warned by start(), not on import.
+_off_reason: Optional[str] = None
+_started = False
+_start_lock = threading.Lock()
 
 
 def enabled() -> bool:
@@ -87,47 +104,94 @@ def store_directory() -> Path:
 
 
 def configure() -> Optional[str]:
-    """Points TensorFlow's persistent compilation cache at a fresh private directory filled from the store.
+    """Chooses this process's private cache directory and points TensorFlow's persistent compilation cache at it
+    (`TF_XLA_FLAGS`), creating nothing: `start()` creates the directory when tfgen makes its first compiled program.
 
     Does nothing when `TFGEN_COMPILE_CACHE` turns the cache off or `TF_XLA_FLAGS` already names a cache directory,
-    and turns the cache off (with a warning) when the cache folder cannot be written. Returns the directory
+    and leaves the cache off (warned by `start()`) when the directory could not be created. Returns the directory
     TensorFlow will use, or None; later calls return the first call's answer. It takes effect only before
     TensorFlow starts its runtime (its first op or device query), which reads the flags.
     """
-    global _configured, _directory
+    global _configured, _directory, _off_reason, _configured_pid
     if not _configured:
-        _directory = _configure()
-        _configured = True
+        _directory, _off_reason = _configure()
+        _configured, _configured_pid = True, os.getpid()
     return _directory
 
 
-def _configure() -> Optional[str]:
+def _configure() -> tuple[Optional[str], Optional[str]]:
+    """`(private directory, None)` with the flag set, else `(None, why the cache is off)` (None: turned off or the
+    user's own directory)."""
     flags = _user_xla_flags()
     # A parent tfgen process's directory: this process takes its own (or none).
     os.environ.pop(_ADDED_FLAG_VARIABLE, None)
     _set_xla_flags(flags)
     if not enabled() or DIRECTORY_FLAG in flags:
-        return None
-    store = store_directory()
-    if '"' in str(store):
+        return None, None
+    runs = store_directory() / "runs"
+    if '"' in str(runs):
         # TensorFlow reads the flag's value up to the closing double quote.
-        raise ValueError(f"{ROOT_VARIABLE}: the cache folder {str(store)!r} must not contain a double quote")
-    try:
-        runs = store / "runs"
-        runs.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned_runs(runs)
-        private = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}@{platform.node()}@", dir=runs))
-    except OSError as error:
-        # TensorFlow fails every compile whose entry it cannot write, so an unwritable folder means no cache.
-        logger.warning("tfgen's compile cache is off: %s", error)
-        return None
-    filler = _Filler(private, store)
-    filler.start()
-    atexit.register(_publish, filler, os.getpid())
+        raise ValueError(f"{ROOT_VARIABLE}: the cache folder {str(runs)!r} must not contain a double quote")
+    if not _creatable(runs):
+        # TensorFlow would fail every compile, unable to create the directory the flag names.
+        return None, f"cannot create folders in {runs}"
+    private = runs / f"{os.getpid()}@{platform.node()}@{secrets.token_hex(4)}"
     flag = f'{DIRECTORY_FLAG}="{private}"'
     _set_xla_flags(f"{flags} {flag}".strip())
     os.environ[_ADDED_FLAG_VARIABLE] = flag
-    return str(private)
+    return str(private), None
+
+
+def _creatable(folder: Path) -> bool:
+    """Whether `folder` exists or could be created: its nearest existing ancestor is a directory this process may
+    write and enter (`stat` / `access` calls only)."""
+    for path in (folder, *folder.parents):
+        if os.path.lexists(path):
+            return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+    return False
+
+
+def start() -> None:
+    """Starts the cache `configure()` planned: creates the private directory (TensorFlow may have made it already),
+    removes the directories of ended processes, starts the thread that fills it from the store and registers the
+    publisher that runs at exit. Called before tfgen's compiled programs first run; runs once (thread-safe), later
+    calls return at once. Logs one warning when the cache is off because its folder cannot be created."""
+    global _started
+    if _started:
+        return
+    with _start_lock:
+        if _started:
+            return
+        _started = True
+        private = configure()
+        if _off_reason is not None:
+            logger.warning("tfgen's compile cache is off: %s", _off_reason)
+        # A child forked before the parent's first program shares the parent's directory (and TensorFlow may have
+        # read the parent's flag already): the parent creates, fills and publishes it, the child never deletes it.
+        if private is not None and os.getpid() == _configured_pid:
+            _start(Path(private))
+
+
+def _start(private: Path) -> None:
+    """Creates `private` (warning when it cannot), removes abandoned runs beside it, starts the filler and registers
+    the publisher."""
+    runs = private.parent
+    store = runs.parent
+    try:
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)  # as private as tempfile.mkdtemp's
+    except OSError as error:
+        # Its parent looked writable on import, so the flag is set, and TensorFlow read it long ago: it fails the
+        # compiles until the folder can be made (a full disk, a file system that refuses it).
+        logger.warning("tfgen's compile cache cannot create its folder (%s): XLA compiles fail until it can be "
+                       "created; set %s=0 to run without the cache", error, ENABLE_VARIABLE)
+        return
+    try:
+        _remove_abandoned_runs(runs)
+    except OSError:  # another process is removing them too: what is left goes at a later start
+        pass
+    filler = _Filler(private, store)
+    filler.start()
+    atexit.register(_publish, filler, os.getpid())
 
 
 def _user_xla_flags() -> str:
@@ -203,8 +267,8 @@ class _Filler(threading.Thread):
     """Links each store entry whose content matches its SHA-256 into the private directory under TensorFlow's
     name, newest first, and deletes the entries that do not match.
 
-    It runs in a thread so that importing tfgen does not wait for the hashing: TensorFlow looks for an entry only
-    when it compiles, seconds later, and compiles the program itself when the entry is not there yet.
+    It runs in a thread so that the first compiled program does not wait for the hashing: TensorFlow looks for an
+    entry only after tracing the program, and compiles the program itself when the entry is not there yet.
     """
 
     def __init__(self, private: Path, store: Path):

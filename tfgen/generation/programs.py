@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfgen.decoding.loop import generate_all, generate_chunk, state_specs
 from tfgen.decoding.strategies import make_loop
+from tfgen.generation import compile_cache
 from tfgen.request.prepare import Request
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def cached_program(model, key: tuple, function: Callable, input_signature: list,
         return function(*args)
 
     if jit_compile:
+        # Its first call compiles with XLA: the persistent cache's folders, thread and exit hook start now.
+        compile_cache.start()
         program = tf.function(
             traced, input_signature=input_signature, jit_compile=True, reduce_retracing=False, autograph=autograph
         )

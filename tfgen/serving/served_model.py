@@ -14,6 +14,7 @@ from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tfgen.export.warmup import replay_warmup_requests
+from tfgen.generation import compile_cache
 from tfgen.serving.batching import attach_engine, engine_predict
 from tfgen.serving.errors import bad_request, error_text
 from tfgen.value_types import is_integer
@@ -81,6 +82,8 @@ def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None,
         import tensorflow_text  # noqa: F401  registers the TF Text ops of the generate_text signature
     except ImportError:
         pass
+    # An XLA export's signatures compile on their first call (the warm-up's, or a request's).
+    compile_cache.start()
     loaded = tf.saved_model.load(directory)
     with open(os.path.join(directory, "saved_model.pb"), "rb") as file:
         meta_graph = saved_model_pb2.SavedModel.FromString(file.read()).meta_graphs[0]
