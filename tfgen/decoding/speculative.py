@@ -18,7 +18,6 @@ eos, budgets, stop strings and stopping criteria are applied token by token to w
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -44,6 +43,7 @@ from tfgen.decoding.drafters import (
     write_row_columns,
 )
 from tfgen.decoding.loop import DecodingLoop
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.config.knobs import repeat_per_row
 from tfgen.logits.processors import apply_processors
 from tfgen.decoding.random import uniform_per_row
@@ -275,7 +275,7 @@ def check_assisted(model, assistant_model, config, user_processors) -> None:
         raise TypeError("assistant_model must be a tfgen causal LM (init_cache / call_with_cache), got "
                         f"{type(assistant_model).__name__}")
     for name, net in (("model", model), ("assistant_model", assistant_model)):
-        if net is not None and not getattr(net, "row_cache_index", False):
+        if net is not None and not capabilities(net).row_cache_index:
             raise ValueError(f"{name}: {type(net).__name__} does not declare `row_cache_index = True` (a "
                              "call_with_cache taking one cache slot per row, `tfgen.decoding.model_protocol`), which assisted "
                              "generation needs.")
@@ -288,7 +288,7 @@ def check_assisted(model, assistant_model, config, user_processors) -> None:
             raise ValueError(f"assistant_model: its vocabulary has {theirs} tokens, the model's {ours}; the assistant "
                              "must share the model's tokenizer.")
     if config.assistant_early_exit is not None:
-        if "layers" not in inspect.signature(model.call_with_cache).parameters:
+        if not capabilities(model).early_exit_layers:
             raise ValueError(f"assistant_early_exit: {type(model).__name__} cannot run part of its layers.")
         layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
         if layers is not None and config.assistant_early_exit >= layers:

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.logits.processors import ProcessorContext
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.random import uniform_per_row
 from tfgen.stopping.criteria import stopped_rows
 from tfgen.logits import grammar
@@ -101,8 +102,7 @@ class Prefill(NamedTuple):
 def decoding_model(model, rows):
     """`model.decoding_view(rows)` when the model offers one (see `tfgen.decoding.model_protocol`), else the model.
     Called in the program before a loop, so what the view prepares is computed once per run, not per step."""
-    view = getattr(model, "decoding_view", None)
-    return model if view is None else view(rows)
+    return model.decoding_view(rows) if capabilities(model).decoding_view else model
 
 
 def size_of(tensor: tf.Tensor, axis: int):

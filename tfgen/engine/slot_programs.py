@@ -20,12 +20,12 @@ sampling key folded with the row's token index. So a row's tokens never depend o
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.state import is_eos, sample_from_scores
 from tfgen.config.knobs import KNOBS
 from tfgen.logits.processors import ProcessorContext, apply_processors
@@ -50,7 +50,8 @@ class SlotPrograms:
 
     def __init__(self, model, spec, knobs: dict, *, pad_token_id: int, slots: int, length: int, budget_cap: int,
                  max_positions: Optional[int] = None):
-        if not getattr(model, "row_cache_index", False):
+        offers = capabilities(model)
+        if not offers.row_cache_index:
             raise ValueError(f"model: {type(model).__name__} does not declare `row_cache_index = True` (a "
                              "call_with_cache taking one cache slot per row), which continuous batching needs.")
         for name, value in (("slots", slots), ("length", length)):
@@ -66,8 +67,7 @@ class SlotPrograms:
         self.row_knobs = {name: np.asarray(value)[0] for name, value in knobs.items() if KNOBS[name].per_row}
         self.shared_knobs = {name: np.asarray(value) for name, value in knobs.items() if not KNOBS[name].per_row}
         self._greedy_spec = dataclasses.replace(spec.processor_spec, **{name: False for name in _WARPER_SWITCHES})
-        self._head_apart = ("compute_logits" in inspect.signature(model.call_with_cache).parameters
-                            and callable(getattr(model, "logits_from_hidden", None)))
+        self._head_apart = offers.logits_from_hidden
 
     # ------------------------------------------------------------------------------------------------------
     # The state

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.engine.slot_programs import REQUEST_KNOBS, SlotPrograms
 from tfgen.export.signatures import SIGNATURES
 from tfgen.value_types import is_integer
@@ -36,7 +37,7 @@ def export_slot_programs(exporter, model, slots, slot_length, jit_compile):
     """The `SlotPrograms` of an export (`tfgen.export.saved_model._Exporter`) asked for `slots` rows of
     `slot_length` columns (None: the defaults of `export_saved_model`), or None without slot signatures;
     ValueError naming a bad size."""
-    supported = bool(getattr(model, "row_cache_index", False)) and jit_compile
+    supported = capabilities(model).row_cache_index and jit_compile
     if slots is None:
         slots = DEFAULT_SLOTS if supported else 0
     if not is_integer(slots) or slots < 0:

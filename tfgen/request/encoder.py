@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationConfig
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.state import EncoderInputs
 from tfgen.request.input_checks import check_attention_mask, check_input_ids, mask_array
 
@@ -50,8 +51,9 @@ class EncoderDecoderPrompt(NamedTuple):
 
 
 def is_encoder_decoder(model) -> bool:
-    """Whether `model` follows the encoder-decoder protocol (`is_encoder_decoder = True` and an `encode` method)."""
-    return getattr(model, "is_encoder_decoder", False) is True and callable(getattr(model, "encode", None))
+    """Whether `model` follows the encoder-decoder protocol (`is_encoder_decoder = True` and an `encode` method):
+    `capabilities(model).encoder_decoder`."""
+    return capabilities(model).encoder_decoder
 
 
 def refuse_encoder_decoder_inputs(given: dict) -> None:
