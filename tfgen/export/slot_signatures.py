@@ -9,9 +9,11 @@ tfgen (another process, a TPU host, `tfgen serve`'s engine) runs continuous batc
     state = slot_steps_<n>(...)                               the same over slots [0, n) only (n: powers of two)
 
 Every state entry is an input and an output of the same name (`state_specs`), so outputs feed the next call as
-they are. The contract (each entry's meaning and shape) is `SlotPrograms.init_state`'s docstring and
-`docs/serving.md`. The decoding is the `sample` signature's (the export's processors and stop strings, per-row
-temperature / top_k / top_p / seed / budget), with `new_do_sample` false giving the `greedy` signature's tokens.
+they are. The contract (each entry's meaning and shape) is `tfgen.engine.slot_state.SlotState`'s docstring (the
+entries are its flat form, `SlotState.to_flat`: its fields, `knob_<name>`, `cache_<i>`) and `docs/serving.md`. The
+programs hold the state typed; the functions below convert at the signature boundary only. The decoding is the
+`sample` signature's (the export's processors and stop strings, per-row temperature / top_k / top_p / seed /
+budget), with `new_do_sample` false giving the `greedy` signature's tokens.
 """
 
 from __future__ import annotations
@@ -69,17 +71,17 @@ def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
     steps_program = tf.function(programs.steps, jit_compile=jit_compile, autograph=False, reduce_retracing=False)
 
     def init():
-        return programs.init_state()
+        return programs.init_state().to_flat()
 
     def insert(inputs):
-        state = {name: inputs[name] for name in state_specs}
+        state = programs.state_from_flat({name: inputs[name] for name in state_specs})
         rows = {name: inputs[f"new_{name}"] for name in INSERT_INPUTS}
-        return insert_program(state, rows)
+        return insert_program(state, rows).to_flat()
 
     def steps_over(rows):
         def steps(inputs):
-            state = {name: inputs[name] for name in state_specs}
-            return steps_program(state, inputs["max_steps"], inputs["release"], rows)
+            state = programs.state_from_flat({name: inputs[name] for name in state_specs})
+            return steps_program(state, inputs["max_steps"], inputs["release"], rows).to_flat()
 
         return tf.function(steps, input_signature=[{**state_specs, **steps_specs}], autograph=False)
 
