@@ -18,6 +18,7 @@ import tensorflow as tf
 from test_export import bpe_tokenizer
 
 from tfgen.engine.scheduler import EngineFull, Row, SlotEngine
+from tfgen.engine.slot_state import SlotState
 from tfgen.export import export_saved_model
 from tfgen.serving import ModelServer, load_export, start_in_thread
 
@@ -197,25 +198,24 @@ class _GatedPrograms:
         self.gate = threading.Event()
 
     def init(self):
-        return {"generated": np.zeros(2, np.int32), "finished": np.ones(2, bool), "tokens": np.zeros([2, 128], np.int32),
-                "budget": np.zeros(2, np.int32)}
+        zeros = np.zeros(2, np.int32)
+        return SlotState(tokens=np.zeros([2, 128], np.int32), mask=np.zeros([2, 128], np.int32), width=zeros,
+                         length=zeros, position=zeros, generated=zeros, budget=zeros, finished=np.ones(2, bool),
+                         seed=np.zeros([2, 2], np.int32), do_sample=np.zeros(2, bool), knobs={}, cache=())
 
     def insert(self, state, rows):
         self.gate.wait()
-        state = {name: value.copy() for name, value in state.items()}
+        generated, finished, budgets = state.generated.copy(), state.finished.copy(), state.budget.copy()
         for slot, budget in zip(rows["slot"], rows["max_new_tokens"]):
-            state["generated"][slot], state["finished"][slot], state["budget"][slot] = 0, budget <= 0, budget
-        return state
+            generated[slot], finished[slot], budgets[slot] = 0, budget <= 0, budget
+        return state._replace(generated=generated, finished=finished, budget=budgets)
 
     def steps(self, state, max_steps, release, rows):
         self.gate.wait()
-        assert not (~state["finished"][rows:]).any(), "a running slot outside the row bucket"
-        state = {name: value.copy() for name, value in state.items()}
-        state["finished"] |= release
-        running = ~state["finished"]
-        state["generated"] = np.minimum(state["generated"] + running * max_steps, state["budget"])
-        state["finished"] |= state["generated"] >= state["budget"]
-        return state
+        assert not (~state.finished[rows:]).any(), "a running slot outside the row bucket"
+        finished = state.finished | release
+        generated = np.minimum(state.generated + ~finished * max_steps, state.budget)
+        return state._replace(generated=generated, finished=finished | (generated >= state.budget))
 
 
 def test_a_full_queue_refuses_and_a_cancelled_row_frees_its_slot():

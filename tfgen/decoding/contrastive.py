@@ -26,6 +26,7 @@ from tfgen.decoding.state import (
     write_at,
 )
 from tfgen.decoding.loop import DecodingLoop
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.config.knobs import KNOBS
 from tfgen.logits.pipeline import apply_processors
 from tfgen.value_types import is_integer
@@ -63,13 +64,13 @@ class ContrastiveSearchLoop(DecodingLoop):
 
     As in HF, a finished row keeps following its best candidate (that is what its later scores describe) while
     pad is written to its tokens. Only the chosen candidate's logits are used, so models that can apply their
-    LM head separately (`logits_from_hidden`) skip it for the other `top_k - 1` candidates.
+    LM head separately (`capabilities(model).logits_from_hidden`) skip it for the other `top_k - 1` candidates.
     """
 
     def __init__(self, model, spec):
         super().__init__(model, spec)
         self.top_k = int(spec.option("top_k"))
-        self.head_on_chosen_only = callable(getattr(model, "logits_from_hidden", None))
+        self.head_on_chosen_only = capabilities(model).logits_from_hidden
         self.rows_per_prompt = 1 if self.head_on_chosen_only else self.top_k
 
     def decode_state(self, state: ContrastiveState) -> DecodeState:

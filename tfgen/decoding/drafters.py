@@ -29,6 +29,7 @@ from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
     encoder_input_ids,
+    prompt_positions,
     sample_from_scores,
     size_of,
     softmax_limit,
@@ -179,10 +180,9 @@ class AssistantDrafter(_ModelDrafter):
 
     def start(self, inputs: DecodeInputs, prefilled: DecodeState):
         batch, width = size_of(inputs.input_ids, 0), size_of(prefilled.buffer_mask, 1)
-        positions = tf.maximum(tf.cumsum(inputs.attention_mask, axis=1) - 1, 0)
         cache = self.assistant.init_cache(batch, width)
-        return self.assistant.call_with_cache(inputs.input_ids, cache, tf.constant(0, tf.int32),
-                                              prefilled.buffer_mask, positions, last_logits_only=True).cache
+        return self.assistant.call_with_cache(inputs.input_ids, cache, tf.constant(0, tf.int32), prefilled.buffer_mask,
+                                              prompt_positions(inputs.attention_mask), last_logits_only=True).cache
 
     def _first_tokens(self, decode: DecodeState, slots: tf.Tensor):
         first = tf.maximum(slots - 1, 0)

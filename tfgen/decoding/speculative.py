@@ -18,7 +18,6 @@ eos, budgets, stop strings and stopping criteria are applied token by token to w
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -28,7 +27,6 @@ from tfgen.decoding.state import (
     DecodeState,
     commit_tokens,
     decoding_model,
-    is_eos,
     prefill,
     processor_context,
     sample_from_scores,
@@ -44,10 +42,11 @@ from tfgen.decoding.drafters import (
     write_row_columns,
 )
 from tfgen.decoding.loop import DecodingLoop
+from tfgen.decoding.model_protocol import capabilities
+from tfgen.decoding.rows import RowTokens, commit_per_row
 from tfgen.config.knobs import repeat_per_row
 from tfgen.logits.pipeline import apply_processors
 from tfgen.decoding.random import uniform_per_row
-from tfgen.stopping.criteria import stopped_rows
 
 #: Philox stream of the acceptance test of the speculative sampling rule (0: token draws, 1: drafter draws).
 ACCEPT_STREAM = 2
@@ -84,19 +83,17 @@ def record_rows(buffer: tf.Tensor, values: tf.Tensor, steps: tf.Tensor, active: 
 def commit_row_tokens(decode: DecodeState, inputs: DecodeInputs, tokens, active, processed, raw_logits, spec):
     """Appends `tokens` int32 `[B]` to the `active` rows (bool `[B]`), each at its own next column; marks rows
     finished that hit eos, spent their budget or meet a stop string or stopping criterion; records scores."""
-    index = size_of(inputs.input_ids, 1) + decode.generated  # [B]
-    written = (tf.range(tf.shape(decode.sequences)[1])[tf.newaxis] == index[:, tf.newaxis]) & active[:, tf.newaxis]
-    sequences = tf.where(written, tokens[:, tf.newaxis], decode.sequences)
-    ends = is_eos(tokens, inputs.eos_token_ids) | (decode.generated + 1 >= inputs.max_new_tokens)
-    stopped = stopped_rows(spec.stop_strings, spec.stopping_criteria, sequences, index, inputs.start,
-                           inputs.pad_token_id, processed)
-    if stopped is not None:
-        ends |= stopped
+    rows = commit_per_row(
+        RowTokens(decode.sequences, decode.buffer_mask, decode.finished, decode.generated), tokens,
+        size_of(inputs.input_ids, 1) + decode.generated, active, processed, eos_token_ids=inputs.eos_token_ids,
+        budget=inputs.max_new_tokens, stop_strings=spec.stop_strings, stopping_criteria=spec.stopping_criteria,
+        start=inputs.start, pad_token_id=inputs.pad_token_id,
+    )
     return decode._replace(
-        sequences=sequences,
-        buffer_mask=tf.where(written, 1, decode.buffer_mask),
-        finished=decode.finished | (active & ends),
-        generated=decode.generated + tf.cast(active, tf.int32),
+        sequences=rows.sequences,
+        buffer_mask=rows.mask,
+        finished=rows.finished,
+        generated=rows.generated,
         scores=record_rows(decode.scores, processed, decode.generated, active, spec.output_scores),
         raw_logits=record_rows(decode.raw_logits, raw_logits, decode.generated, active, spec.output_logits),
     )
@@ -273,7 +270,7 @@ def check_assisted(model, assistant_model, config, user_processors) -> None:
         raise TypeError("assistant_model must be a tfgen causal LM (init_cache / call_with_cache), got "
                         f"{type(assistant_model).__name__}")
     for name, net in (("model", model), ("assistant_model", assistant_model)):
-        if net is not None and not getattr(net, "row_cache_index", False):
+        if net is not None and not capabilities(net).row_cache_index:
             raise ValueError(f"{name}: {type(net).__name__} does not declare `row_cache_index = True` (a "
                              "call_with_cache taking one cache slot per row, `tfgen.decoding.model_protocol`), which assisted "
                              "generation needs.")
@@ -286,7 +283,7 @@ def check_assisted(model, assistant_model, config, user_processors) -> None:
             raise ValueError(f"assistant_model: its vocabulary has {theirs} tokens, the model's {ours}; the assistant "
                              "must share the model's tokenizer.")
     if config.assistant_early_exit is not None:
-        if "layers" not in inspect.signature(model.call_with_cache).parameters:
+        if not capabilities(model).early_exit_layers:
             raise ValueError(f"assistant_early_exit: {type(model).__name__} cannot run part of its layers.")
         layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
         if layers is not None and config.assistant_early_exit >= layers:

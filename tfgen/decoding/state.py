@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.logits.context import ProcessorContext
 from tfgen.decoding.random import uniform_per_row
 from tfgen.stopping.criteria import stopped_rows
@@ -101,8 +102,7 @@ class Prefill(NamedTuple):
 def decoding_model(model, rows):
     """`model.decoding_view(rows)` when the model offers one (see `tfgen.decoding.model_protocol`), else the model.
     Called in the program before a loop, so what the view prepares is computed once per run, not per step."""
-    view = getattr(model, "decoding_view", None)
-    return model if view is None else view(rows)
+    return model.decoding_view(rows) if capabilities(model).decoding_view else model
 
 
 def size_of(tensor: tf.Tensor, axis: int):
@@ -124,30 +124,53 @@ def record_step(buffer: tf.Tensor, values: tf.Tensor, step: tf.Tensor, collectin
     return tf.tensor_scatter_nd_update(buffer, step[None, None], values[None])
 
 
+class PromptBuffers(NamedTuple):
+    """Prompts laid into fresh static buffers (B rows, T prompt columns, N new columns), the prefill's inputs.
+
+    sequences: int32 `[B, T + N]`, the prompts then pad. buffer_mask: int32 `[B, T + N]`, their masks then 0.
+    position_ids: int32 `[B, T]`, each prompt column's position (`prompt_positions`).
+    """
+
+    sequences: tf.Tensor
+    buffer_mask: tf.Tensor
+    position_ids: tf.Tensor
+
+
+def prompt_positions(attention_mask: tf.Tensor) -> tf.Tensor:
+    """int32 `[B, T]`: the position id of each column of prompts under `attention_mask` int32 `[B, T]` — real tokens
+    counted from 0, padding columns at the position of the real token before them (0 before the first)."""
+    # Positions count real tokens only, so padding (the caller's, the bucket's, a slot row's right padding) is exact.
+    return tf.maximum(tf.cumsum(attention_mask, axis=1) - 1, 0)
+
+
+def prompt_buffers(input_ids: tf.Tensor, attention_mask: tf.Tensor, new_columns, pad_token_id) -> PromptBuffers:
+    """The buffers of prompts `input_ids` / `attention_mask` int32 `[B, T]` with room for `new_columns` (an int or an
+    int32 scalar) new tokens after them, and their positions (see `PromptBuffers`)."""
+    batch_size = tf.shape(input_ids)[0]
+    return PromptBuffers(
+        sequences=tf.concat([input_ids, tf.fill([batch_size, new_columns], pad_token_id)], axis=1),
+        buffer_mask=tf.concat([attention_mask, tf.zeros([batch_size, new_columns], tf.int32)], axis=1),
+        position_ids=prompt_positions(attention_mask),
+    )
+
+
 def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_scores=False, output_logits=False) -> Prefill:
     """Allocates the static buffers (`T + buffer_new_tokens` slots) and runs the whole prompt at once."""
     # Dynamic sizes (constants under a fixed-shape trace), so an exported signature can leave batch and
     # prompt length as None.
     batch_size, prompt_width = tf.unstack(tf.shape(inputs.input_ids))
-    total = prompt_width + buffer_new_tokens
-    sequences = tf.concat(
-        [inputs.input_ids, tf.fill([batch_size, buffer_new_tokens], inputs.pad_token_id)], axis=1
-    )
-    buffer_mask = tf.concat(
-        [inputs.attention_mask, tf.zeros([batch_size, buffer_new_tokens], tf.int32)], axis=1
-    )
-    # Positions count real tokens only, so left padding (the caller's and the bucket's) is exact.
-    position_ids = tf.maximum(tf.cumsum(inputs.attention_mask, axis=1) - 1, 0)
-    cache = start_cache(model, inputs, batch_size, total)
+    buffers = prompt_buffers(inputs.input_ids, inputs.attention_mask, buffer_new_tokens, inputs.pad_token_id)
+    cache = start_cache(model, inputs, batch_size, prompt_width + buffer_new_tokens)
     out = model.call_with_cache(
-        inputs.input_ids, cache, tf.constant(0, tf.int32), buffer_mask, position_ids, last_logits_only=True
+        inputs.input_ids, cache, tf.constant(0, tf.int32), buffers.buffer_mask, buffers.position_ids,
+        last_logits_only=True,
     )
     logits = tf.cast(out.logits[:, -1, :], tf.float32)
     vocab_size = logits.shape[-1]
     state = DecodeState(
         step=tf.constant(0, tf.int32),
-        sequences=sequences,
-        buffer_mask=buffer_mask,
+        sequences=buffers.sequences,
+        buffer_mask=buffers.buffer_mask,
         cache=out.cache,
         logits=logits,
         next_position=tf.reduce_sum(inputs.attention_mask, axis=1),

@@ -23,6 +23,9 @@ from collections import deque
 from typing import Optional
 
 import numpy as np
+import tensorflow as tf
+
+from tfgen.engine.slot_state import SlotState
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +84,8 @@ class Row:
 
 class SlotEngine:
     """Drives slot programs (`programs`: `init()`, `insert(state, rows)`, `steps(state, max_steps, release, rows)`
-    over slots `[0, rows)` for `rows` in `programs.row_buckets`, and the sizes `slots`, `length`, `budget_cap`)
-    from a scheduler thread, started on the first `submit`.
+    over slots `[0, rows)` for `rows` in `programs.row_buckets`, and the sizes `slots`, `length`, `budget_cap`;
+    the state a `SlotState`) from a scheduler thread, started on the first `submit`.
 
     steps_per_call: tokens each running row gets per `steps` call (a new row waits at most that long to join;
     more amortise the call's fixed costs). max_queue: rows that may wait for a slot; `submit` raises EngineFull
@@ -102,7 +105,7 @@ class SlotEngine:
         self._condition = threading.Condition()
         self._closed = False
         self._thread: Optional[threading.Thread] = None
-        self._state = None
+        self._state: Optional[SlotState] = None
         #: Calls made so far (for tests and the benchmark): inserts, steps, rows admitted.
         self.counts = {"insert": 0, "steps": 0, "rows": 0}
 
@@ -250,9 +253,9 @@ class SlotEngine:
     def _deliver(self) -> None:
         """Hands every slot's new tokens to its row; rows that finished leave their slot."""
         state = self._state
-        generated = np.asarray(state["generated"])
-        finished = np.asarray(state["finished"])
-        tokens = np.asarray(state["tokens"])
+        generated = np.asarray(state.generated)
+        finished = np.asarray(state.finished)
+        tokens = np.asarray(state.tokens)
         ended = []
         with self._condition:
             for slot, row in enumerate(self._owners):
@@ -281,7 +284,9 @@ class SlotEngine:
 
 
 class ExportedSlots:
-    """The slot signatures of a loaded export (`slot_init`, `slot_insert`, `slot_steps`) as `SlotEngine` programs."""
+    """The slot signatures of a loaded export (`slot_init`, `slot_insert`, `slot_steps`) as `SlotEngine` programs:
+    the signatures take and return the state flat (`SlotState.to_flat`'s names), the engine holds it typed (its
+    cache a tuple of leaves: only the programs look inside)."""
 
     def __init__(self, signatures: dict, info: dict):
         self._init, self._insert = signatures["slot_init"], signatures["slot_insert"]
@@ -292,18 +297,16 @@ class ExportedSlots:
         self.budget_cap, self.pad_token_id = int(info["max_new_tokens"]), int(info["pad_token_id"])
         self.info = info
 
-    def init(self) -> dict:
-        return self._init()
+    def init(self) -> SlotState:
+        return SlotState.from_flat(self._init())
 
-    def insert(self, state: dict, rows: dict) -> dict:
-        import tensorflow as tf
+    def insert(self, state: SlotState, rows: dict) -> SlotState:
+        new = {f"new_{name}": tf.constant(value) for name, value in rows.items()}
+        return SlotState.from_flat(self._insert(**state.to_flat(), **new))
 
-        return self._insert(**state, **{f"new_{name}": tf.constant(value) for name, value in rows.items()})
-
-    def steps(self, state: dict, max_steps: int, release: np.ndarray, rows: int) -> dict:
-        import tensorflow as tf
-
-        return self._steps[rows](**state, max_steps=tf.constant(max_steps, tf.int32), release=tf.constant(release))
+    def steps(self, state: SlotState, max_steps: int, release: np.ndarray, rows: int) -> SlotState:
+        return SlotState.from_flat(self._steps[rows](**state.to_flat(), max_steps=tf.constant(max_steps, tf.int32),
+                                                     release=tf.constant(release)))
 
 
 def warm_up(engine: SlotEngine, timeout: float = 600.0) -> float:

@@ -7,7 +7,7 @@ budget, seed, knobs and stopping state. Layout of a slot: the request's row as s
 included, attention mask 0 there) at columns `[0, W)`, then its new tokens; the cache slot of column `c` holds the
 keys/values of the token at `c` (models with a per-row `cache_index`, `row_cache_index = True`).
 
-    init_state()                         -> state    every slot empty (finished)
+    init_state()                         -> state    every slot empty (finished); the state is a `SlotState`
     insert(state, rows)                  -> state    prefill `rows` into their slots and choose each one's first token
     steps(state, max_steps, release)     -> state    up to `max_steps` tokens for every running slot (after ending
                                                      the slots of `release`); stops early once every slot finished
@@ -15,21 +15,25 @@ keys/values of the token at `c` (models with a per-row `cache_index`, `row_cache
 Tokens are chosen exactly as `generate()` chooses them for the same row alone (the `greedy` / `sample` signatures):
 the same processors over the same `input_ids` (HF's: the row as sent plus its new tokens), the same per-row
 sampling key folded with the row's token index. So a row's tokens never depend on who shares the batch.
+
+The export's slot signatures take and return the state flat (`SlotState.to_flat`, `state_from_flat`); the
+programs hold it typed.
 """
 
 from __future__ import annotations
 
-import inspect
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tfgen.decoding.state import is_eos, sample_from_scores
 from tfgen.config.knobs import KNOBS, WARPER_KNOBS
+from tfgen.decoding.model_protocol import capabilities
+from tfgen.decoding.rows import RowTokens, commit_per_row
+from tfgen.decoding.state import PromptBuffers, prompt_buffers, sample_from_scores
+from tfgen.engine.slot_state import SlotState
 from tfgen.logits.context import ProcessorContext
 from tfgen.logits.pipeline import apply_processors
-from tfgen.stopping.criteria import stopped_rows
 
 #: Per-row request values `insert` takes besides the row itself (the `sample` signature's, plus `do_sample`).
 REQUEST_KNOBS = ("temperature", "top_k", "top_p")
@@ -46,7 +50,8 @@ class SlotPrograms:
 
     def __init__(self, model, spec, knobs: dict, *, pad_token_id: int, slots: int, length: int, budget_cap: int,
                  max_positions: Optional[int] = None):
-        if not getattr(model, "row_cache_index", False):
+        offers = capabilities(model)
+        if not offers.row_cache_index:
             raise ValueError(f"model: {type(model).__name__} does not declare `row_cache_index = True` (a "
                              "call_with_cache taking one cache slot per row), which continuous batching needs.")
         for name, value in (("slots", slots), ("length", length)):
@@ -63,55 +68,44 @@ class SlotPrograms:
         self.shared_knobs = {name: np.asarray(value) for name, value in knobs.items() if not KNOBS[name].per_row}
         # A greedy row runs no warper (HF's greedy search): its warper knobs are neutral.
         self._greedy_spec = spec.processor_spec.forced({name: False for name in WARPER_KNOBS})
-        self._head_apart = ("compute_logits" in inspect.signature(model.call_with_cache).parameters
-                            and callable(getattr(model, "logits_from_hidden", None)))
+        self._head_apart = offers.logits_from_hidden
 
     # ------------------------------------------------------------------------------------------------------
     # The state
 
     def state_specs(self) -> dict:
-        """{name: tf.TensorSpec} of the state (see `init_state` for each entry)."""
+        """{name: tf.TensorSpec} of the state's flat form (`SlotState.to_flat`: the signatures' inputs and outputs)."""
         return {name: tf.TensorSpec(tensor.shape, tensor.dtype, name=name)
-                for name, tensor in self.init_state().items()}
+                for name, tensor in self.init_state().to_flat().items()}
 
-    def init_state(self) -> dict:
-        """The empty state, a flat dict (S slots, L columns):
-        tokens / mask int32 `[S, L]` (token buffer, attention mask over it); width int32 `[S]` (the row's columns as
-        sent, HF's prompt length); length int32 `[S]` (columns written: the next token goes to column `length`);
-        position int32 `[S]` (position id of the last written token, the one the next step runs); generated /
-        budget int32 `[S]`; finished bool `[S]` (empty slots are finished); seed int32 `[S, 2]`; do_sample bool
-        `[S]`; `knob_<name>` the per-row knobs `[S, ...]`; `cache_<i>` the model's cache leaves `[S, ...]`."""
+    def state_from_flat(self, flat: Mapping) -> SlotState:
+        """The state of its flat form (a signature's inputs), the cache packed as the model's nest."""
+        return SlotState.from_flat(flat, self.model.init_cache(1, 1))
+
+    def init_state(self) -> SlotState:
+        """The empty state (S slots, L columns; see `SlotState`): every slot finished, pad tokens, zero mask and
+        counts, the config's knob values, the model's empty cache."""
         slots, length = self.slots, self.length
         zeros = tf.zeros([slots], tf.int32)
-        state = {
-            "tokens": tf.fill([slots, length], self.pad_token_id), "mask": tf.zeros([slots, length], tf.int32),
-            "width": zeros, "length": zeros, "position": zeros, "generated": zeros, "budget": zeros,
-            "finished": tf.ones([slots], tf.bool), "seed": tf.zeros([slots, 2], tf.int32),
-            "do_sample": tf.zeros([slots], tf.bool),
-        }
-        for name, value in self.row_knobs.items():
-            state[f"knob_{name}"] = tf.constant(np.repeat(value[np.newaxis], slots, axis=0))
-        for index, leaf in enumerate(tf.nest.flatten(self.model.init_cache(slots, length))):
-            state[f"cache_{index}"] = leaf
-        return state
+        return SlotState(
+            tokens=tf.fill([slots, length], self.pad_token_id), mask=tf.zeros([slots, length], tf.int32),
+            width=zeros, length=zeros, position=zeros, generated=zeros, budget=zeros,
+            finished=tf.ones([slots], tf.bool), seed=tf.zeros([slots, 2], tf.int32),
+            do_sample=tf.zeros([slots], tf.bool),
+            knobs={name: tf.constant(np.repeat(value[np.newaxis], slots, axis=0))
+                   for name, value in self.row_knobs.items()},
+            cache=self.model.init_cache(slots, length),
+        )
 
-    def _cache(self, state: dict):
-        template = self.model.init_cache(1, 1)
-        leaves = [state[f"cache_{index}"] for index in range(len(tf.nest.flatten(template)))]
-        return tf.nest.pack_sequence_as(template, leaves)
-
-    def _with_cache(self, state: dict, cache) -> dict:
-        return {**state, **{f"cache_{index}": leaf for index, leaf in enumerate(tf.nest.flatten(cache))}}
-
-    def _knobs(self, state: dict) -> dict:
+    def _knobs(self, state: SlotState) -> dict:
         knobs = {name: tf.constant(value) for name, value in self.shared_knobs.items()}
-        knobs.update({name: state[f"knob_{name}"] for name in self.row_knobs})
+        knobs.update({name: state.knobs[name] for name in self.row_knobs})
         return knobs
 
     # ------------------------------------------------------------------------------------------------------
     # insert
 
-    def insert(self, state: dict, rows: dict) -> dict:
+    def insert(self, state: SlotState, rows: dict) -> SlotState:
         """Prefills `rows` into their slots and chooses each one's first token.
 
         rows: input_ids / attention_mask int32 `[n, P]` (each row as sent, then right padding: mask 0 and any id),
@@ -123,19 +117,8 @@ class SlotPrograms:
         count, prompt_columns = tf.unstack(tf.shape(ids))
         length = self.length
         # The new rows alone: their own buffer, cache and first token, then scattered into their slots.
-        tokens = tf.concat([ids, tf.fill([count, length - prompt_columns], self.pad_token_id)], axis=1)
-        row_mask = tf.concat([mask, tf.zeros([count, length - prompt_columns], tf.int32)], axis=1)
-        positions = tf.maximum(tf.cumsum(mask, axis=1) - 1, 0)
-        cache = self.model.init_cache(count, length)
-        last = tf.maximum(width - 1, 0)
-        if self._head_apart:
-            out = self.model.call_with_cache(ids, cache, tf.constant(0, tf.int32), row_mask, positions,
-                                             compute_logits=False)
-            hidden = tf.gather(out.hidden_states, last[:, tf.newaxis], axis=1, batch_dims=1)
-            logits = self.model.logits_from_hidden(hidden)[:, 0]
-        else:
-            out = self.model.call_with_cache(ids, cache, tf.constant(0, tf.int32), row_mask, positions)
-            logits = tf.gather(out.logits, last[:, tf.newaxis], axis=1, batch_dims=1)[:, 0]
+        buffers = prompt_buffers(ids, mask, length - prompt_columns, self.pad_token_id)
+        cache, logits = self._prefill(ids, buffers, width)
         budget = tf.clip_by_value(rows["max_new_tokens"], 0, self.budget_cap)
         if self.max_positions is not None:
             budget = tf.minimum(budget, self.max_positions - tf.reduce_sum(mask, axis=1))
@@ -148,38 +131,56 @@ class SlotPrograms:
             if name in WARPER_KNOBS:
                 chosen = tf.where(sampling, chosen, tf.constant(KNOBS[name].neutral, default.dtype))
             knobs[name] = chosen
-        new = {
-            "tokens": tokens, "mask": row_mask, "width": width, "length": width,
-            "position": tf.reduce_sum(mask, axis=1), "generated": tf.zeros([count], tf.int32), "budget": budget,
-            "finished": budget <= 0, "seed": rows["seed"], "do_sample": sampling,
-            **{f"knob_{name}": value for name, value in knobs.items()},
-        }
-        new = self._with_cache(new, out.cache)
-        new = self._choose(new, tf.cast(logits, tf.float32))
+        new = SlotState(
+            tokens=buffers.sequences, mask=buffers.buffer_mask, width=width, length=width,
+            position=tf.reduce_sum(mask, axis=1), generated=tf.zeros([count], tf.int32), budget=budget,
+            finished=budget <= 0, seed=rows["seed"], do_sample=sampling, knobs=knobs, cache=cache,
+        )
+        new = self._choose(new, logits)
         where = rows["slot"][:, tf.newaxis]
-        # Entries without elements (a knob of no values) have nothing to write.
-        return {name: value if value.shape.num_elements() == 0
-                else tf.tensor_scatter_nd_update(value, where, tf.cast(new[name], value.dtype))
-                for name, value in state.items()}
+
+        def scatter(value, row_value):  # an entry without elements (a knob of no values) has nothing to write
+            if value.shape.num_elements() == 0:
+                return value
+            return tf.tensor_scatter_nd_update(value, where, tf.cast(row_value, value.dtype))
+
+        return tf.nest.map_structure(scatter, state, new)
+
+    def _prefill(self, ids, buffers: PromptBuffers, width):
+        """Runs new rows' prompts (`ids` int32 `[n, P]`, each row as sent then right padding; `buffers` their
+        `prompt_buffers` over the slot's L columns; `width` int32 `[n]`) into a fresh cache: (the cache `[n, ...]`,
+        float32 `[n, V]` logits of each row's last column as sent, `width - 1`)."""
+        # Right padding puts each row's last token at its own column, so `last_logits_only` (the last column) would
+        # miss it; with the head apart only those n columns go through the LM head.
+        cache = self.model.init_cache(tf.shape(ids)[0], self.length)
+        last = tf.maximum(width - 1, 0)[:, tf.newaxis]
+        start, mask, positions = tf.constant(0, tf.int32), buffers.buffer_mask, buffers.position_ids
+        if self._head_apart:
+            out = self.model.call_with_cache(ids, cache, start, mask, positions, compute_logits=False)
+            logits = self.model.logits_from_hidden(tf.gather(out.hidden_states, last, axis=1, batch_dims=1))[:, 0]
+        else:
+            out = self.model.call_with_cache(ids, cache, start, mask, positions)
+            logits = tf.gather(out.logits, last, axis=1, batch_dims=1)[:, 0]
+        return out.cache, tf.cast(logits, tf.float32)
 
     # ------------------------------------------------------------------------------------------------------
     # steps
 
-    def steps(self, state: dict, max_steps, release, rows: Optional[int] = None) -> dict:
+    def steps(self, state: SlotState, max_steps, release, rows: Optional[int] = None) -> SlotState:
         """Ends the slots where `release` (bool `[S]`) is true, then runs up to `max_steps` (int32 scalar) tokens
         of every running slot, stopping early once every slot finished. Returns the state.
 
         rows: a static count: only slots `[0, rows)` run (the others must be empty or finished), so a lightly
         loaded engine pays for the rows it uses, not for all S (None: every slot).
         """
-        state = {**state, "finished": state["finished"] | release}
+        state = state._replace(finished=state.finished | release)
         if rows is not None and rows < self.slots:
-            head = self.steps({name: value[:rows] for name, value in state.items()}, max_steps,
+            head = self.steps(tf.nest.map_structure(lambda value: value[:rows], state), max_steps,
                               tf.zeros([rows], tf.bool))
-            return {name: tf.concat([head[name], value[rows:]], axis=0) for name, value in state.items()}
+            return tf.nest.map_structure(lambda ran, value: tf.concat([ran, value[rows:]], axis=0), head, state)
 
         def keep_going(count, state):
-            return (count < max_steps) & ~tf.reduce_all(state["finished"])
+            return (count < max_steps) & ~tf.reduce_all(state.finished)
 
         def step(count, state):
             return count + 1, self._step(state)
@@ -194,26 +195,25 @@ class SlotPrograms:
             rows *= 2
         return buckets + [self.slots]
 
-    def _step(self, state: dict) -> dict:
+    def _step(self, state: SlotState) -> SlotState:
         """Runs every slot's last written token through the model and chooses the next one."""
-        pending = tf.maximum(state["length"] - 1, 0)
-        tokens = tf.gather(state["tokens"], pending[:, tf.newaxis], axis=1, batch_dims=1)
-        out = self.model.call_with_cache(tokens, self._cache(state), pending, state["mask"],
-                                         state["position"][:, tf.newaxis])
-        running = ~state["finished"]
-        state = self._with_cache(state, out.cache)
-        state["position"] = state["position"] + tf.cast(running, tf.int32)
+        pending = tf.maximum(state.length - 1, 0)
+        tokens = tf.gather(state.tokens, pending[:, tf.newaxis], axis=1, batch_dims=1)
+        out = self.model.call_with_cache(tokens, state.cache, pending, state.mask, state.position[:, tf.newaxis])
+        running = ~state.finished
+        state = state._replace(cache=out.cache, position=state.position + tf.cast(running, tf.int32))
         return self._choose(state, tf.cast(out.logits[:, -1, :], tf.float32))
 
-    def _choose(self, state: dict, logits) -> dict:
-        """Chooses each running row's token at column `length` from `logits` float32 `[R, V]` and writes it."""
-        column, width = state["length"], state["width"]
+    def _choose(self, state: SlotState, logits) -> SlotState:
+        """Chooses each running row's token at column `length` from `logits` float32 `[R, V]` and commits it
+        (`commit_per_row`: the mask, eos / budget / stop strings, `finished`, `generated`), advancing `length`."""
+        column, width = state.length, state.width
         # A row's prompt, as sent, is its columns [0, width): HF's `encoder_input_ids` of a decoder-only model.
-        prompt_columns = tf.range(tf.shape(state["tokens"])[1])[tf.newaxis, :] < width[:, tf.newaxis]
-        context = ProcessorContext(sequences=state["tokens"], start=tf.constant(0, tf.int32), cur_len=column,
-                                   prompt_len=width[:, tf.newaxis], max_length=width + state["budget"],
-                                   encoder_ids=tf.where(prompt_columns, state["tokens"], -1))
-        knobs, running = self._knobs(state), ~state["finished"]
+        prompt_columns = tf.range(tf.shape(state.tokens)[1])[tf.newaxis, :] < width[:, tf.newaxis]
+        context = ProcessorContext(sequences=state.tokens, start=tf.constant(0, tf.int32), cur_len=column,
+                                   prompt_len=width[:, tf.newaxis], max_length=width + state.budget,
+                                   encoder_ids=tf.where(prompt_columns, state.tokens, -1))
+        knobs, running = self._knobs(state), ~state.finished
 
         def greedy():  # no row samples: the warpers (neutral in greedy rows) and the draw are skipped
             scores = apply_processors(self._greedy_spec, logits, context, knobs)
@@ -221,24 +221,18 @@ class SlotPrograms:
 
         def mixed():
             scores = apply_processors(self.spec.processor_spec, logits, context, knobs)
-            sampled = sample_from_scores(scores, state["seed"], state["generated"])
-            return tf.where(state["do_sample"], sampled, tf.argmax(scores, axis=-1, output_type=tf.int32)), scores
+            sampled = sample_from_scores(scores, state.seed, state.generated)
+            return tf.where(state.do_sample, sampled, tf.argmax(scores, axis=-1, output_type=tf.int32)), scores
 
-        chosen, scores = tf.cond(tf.reduce_any(state["do_sample"] & running), mixed, greedy)
-        written = (tf.range(self.length)[tf.newaxis] == column[:, tf.newaxis]) & running[:, tf.newaxis]
-        tokens = tf.where(written, chosen[:, tf.newaxis], state["tokens"])
-        ends = is_eos(chosen, tf.constant(self.shared_knobs["eos_token_ids"])) | (
-            state["generated"] + 1 >= state["budget"])
-        stopped = stopped_rows(self.spec.stop_strings, (), tokens, column, tf.constant(0, tf.int32),
-                               self.pad_token_id, scores)
-        if stopped is not None:
-            ends |= stopped
-        step = tf.cast(running, tf.int32)
-        return {
-            **state, "tokens": tokens, "mask": tf.where(written, 1, state["mask"]),
-            "finished": state["finished"] | (running & ends), "generated": state["generated"] + step,
-            "length": column + step,
-        }
+        chosen, scores = tf.cond(tf.reduce_any(state.do_sample & running), mixed, greedy)
+        committed = commit_per_row(
+            RowTokens(state.tokens, state.mask, state.finished, state.generated), chosen, column, running, scores,
+            eos_token_ids=tf.constant(self.shared_knobs["eos_token_ids"]), budget=state.budget,
+            stop_strings=self.spec.stop_strings, stopping_criteria=(), start=tf.constant(0, tf.int32),
+            pad_token_id=self.pad_token_id,
+        )
+        return state._replace(tokens=committed.sequences, mask=committed.mask, finished=committed.finished,
+                              generated=committed.generated, length=column + tf.cast(running, tf.int32))
 
 
 __all__ = ["REQUEST_KNOBS", "SlotPrograms"]

@@ -23,8 +23,9 @@ import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationConfig
 from tfgen.decoding.loop import DecodeSpec, generate_all
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.strategies import described, make_loop, modes_that, strategy_for
-from tfgen.request.encoder import decoder_start_token_ids, is_encoder_decoder
+from tfgen.request.encoder import decoder_start_token_ids
 from tfgen.export.signature_inputs import signature_run
 from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.portable import WithoutStaticTokenCount, model_variables, xla_only_ops
@@ -119,8 +120,8 @@ def export_saved_model(
     version_dir = os.path.join(export_dir, str(int(version)))
     if os.path.exists(version_dir):
         raise FileExistsError(f"version: {version_dir} already exists; export under a new version number")
-    row_cache_index = bool(getattr(model, "row_cache_index", False))
-    encoder_decoder = is_encoder_decoder(model)
+    offers = capabilities(model)
+    row_cache_index, encoder_decoder = offers.row_cache_index, offers.encoder_decoder
     names = _signature_names(signatures, tokenizer is not None and text, row_cache_index, encoder_decoder)
     config = _export_config(model, generation_config, stop_strings)
     if regex is not None or json_schema is not None:

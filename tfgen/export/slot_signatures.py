@@ -9,15 +9,18 @@ tfgen (another process, a TPU host, `tfgen serve`'s engine) runs continuous batc
     state = slot_steps_<n>(...)                               the same over slots [0, n) only (n: powers of two)
 
 Every state entry is an input and an output of the same name (`state_specs`), so outputs feed the next call as
-they are. The contract (each entry's meaning and shape) is `SlotPrograms.init_state`'s docstring and
-`docs/serving.md`. The decoding is the `sample` signature's (the export's processors and stop strings, per-row
-temperature / top_k / top_p / seed / budget), with `new_do_sample` false giving the `greedy` signature's tokens.
+they are. The contract (each entry's meaning and shape) is `tfgen.engine.slot_state.SlotState`'s docstring (the
+entries are its flat form, `SlotState.to_flat`: its fields, `knob_<name>`, `cache_<i>`) and `docs/serving.md`. The
+programs hold the state typed; the functions below convert at the signature boundary only. The decoding is the
+`sample` signature's (the export's processors and stop strings, per-row temperature / top_k / top_p / seed /
+budget), with `new_do_sample` false giving the `greedy` signature's tokens.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.engine.slot_programs import REQUEST_KNOBS, SlotPrograms
 from tfgen.export.signatures import SIGNATURES
 from tfgen.value_types import is_integer
@@ -36,7 +39,7 @@ def export_slot_programs(exporter, model, slots, slot_length, jit_compile):
     """The `SlotPrograms` of an export (`tfgen.export.saved_model._Exporter`) asked for `slots` rows of
     `slot_length` columns (None: the defaults of `export_saved_model`), or None without slot signatures;
     ValueError naming a bad size."""
-    supported = bool(getattr(model, "row_cache_index", False)) and jit_compile
+    supported = capabilities(model).row_cache_index and jit_compile
     if slots is None:
         slots = DEFAULT_SLOTS if supported else 0
     if not is_integer(slots) or slots < 0:
@@ -68,17 +71,17 @@ def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
     steps_program = tf.function(programs.steps, jit_compile=jit_compile, autograph=False, reduce_retracing=False)
 
     def init():
-        return programs.init_state()
+        return programs.init_state().to_flat()
 
     def insert(inputs):
-        state = {name: inputs[name] for name in state_specs}
+        state = programs.state_from_flat({name: inputs[name] for name in state_specs})
         rows = {name: inputs[f"new_{name}"] for name in INSERT_INPUTS}
-        return insert_program(state, rows)
+        return insert_program(state, rows).to_flat()
 
     def steps_over(rows):
         def steps(inputs):
-            state = {name: inputs[name] for name in state_specs}
-            return steps_program(state, inputs["max_steps"], inputs["release"], rows)
+            state = programs.state_from_flat({name: inputs[name] for name in state_specs})
+            return steps_program(state, inputs["max_steps"], inputs["release"], rows).to_flat()
 
         return tf.function(steps, input_signature=[{**state_specs, **steps_specs}], autograph=False)
 

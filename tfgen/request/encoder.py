@@ -49,11 +49,6 @@ class EncoderDecoderPrompt(NamedTuple):
         return EncoderDecoderPrompt(*(np.repeat(array, copies, axis=0) for array in self[:4]), states)
 
 
-def is_encoder_decoder(model) -> bool:
-    """Whether `model` follows the encoder-decoder protocol (`is_encoder_decoder = True` and an `encode` method)."""
-    return getattr(model, "is_encoder_decoder", False) is True and callable(getattr(model, "encode", None))
-
-
 def refuse_encoder_decoder_inputs(given: dict) -> None:
     """ValueError naming the first of `given` (`ENCODER_DECODER_INPUTS` a call gave) that is set: a decoder-only model
     has no encoder, nor a decoder prompt apart from `input_ids`."""

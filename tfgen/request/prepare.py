@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationConfig, GenerationMode
 from tfgen.decoding.loop import DecodeSpec
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.state import DecodeInputs
 from tfgen.decoding.strategies import DecodingStrategy, strategy_for
 from tfgen.request.buckets import DEFAULT_BUCKETS
@@ -26,7 +27,6 @@ from tfgen.request.input_checks import check_prompt, check_seed, pop_input_ids, 
 from tfgen.request.encoder import (
     ENCODER_DECODER_INPUTS,
     encoder_decoder_prompt,
-    is_encoder_decoder,
     padded_encoder_inputs,
     refuse_encoder_decoder_inputs,
     returned_encoder_states,
@@ -234,7 +234,7 @@ def prepare_request(
     vocab_size = int(model_config.vocab_size)
     input_ids = pop_input_ids(inputs, options)
     attention_mask = options.pop("attention_mask", None)
-    encoder_decoder = is_encoder_decoder(model)
+    encoder_decoder = capabilities(model).encoder_decoder
     encoder_decoder_inputs = {name: options.pop(name) for name in ENCODER_DECODER_INPUTS if name in options}
     if not encoder_decoder:
         refuse_encoder_decoder_inputs(encoder_decoder_inputs)

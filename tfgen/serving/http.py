@@ -48,7 +48,6 @@ from tfgen.serving.options import (
 from tfgen.serving.batching import TextStream, text_stream
 from tfgen.serving.errors import RequestError
 from tfgen.serving.requests import (
-    TEXT_SIGNATURE,
     format_predict_response,
     generate_text,
     parse_json_body,

@@ -9,24 +9,17 @@ in their words.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import math
-import os
-import re
-from http import HTTPStatus
-from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
-from google.protobuf import json_format
-from tensorflow.core.protobuf import saved_model_pb2
 
 from tfgen.config.knobs import KNOBS, REQUEST_VALUES
 from tfgen.serving.batching import engine_text
-from tfgen.serving.errors import RequestError, bad_request, error_text
+from tfgen.serving.errors import bad_request
 from tfgen.serving.served_model import ServedModel
-from tfgen.value_types import is_integer, is_real
+from tfgen.value_types import is_real
 
 TEXT_SIGNATURE = "generate_text"
 # Requests nest a few levels (body, instances, row, a rank-3 input at most); anything deeper is refused before it
