@@ -268,7 +268,7 @@ def run_benchmark(options, log=print) -> dict:
                 cell = harness.measure_cell(runners, strategy, batch, options, info)
                 del cell["bandwidth_gbs"]
                 tfgen = runners.get("tfgen")
-                ours = tfgen.generation.outputs.get((strategy, batch)) if isinstance(tfgen, TfgenOverKerasHub) else None
+                ours = tfgen.outputs.get((strategy, batch)) if isinstance(tfgen, TfgenOverKerasHub) else None
                 if ours is not None and "tokens_per_s" in cell["results"]["tfgen"] and strategy in DETERMINISTIC:
                     if variant == "float32":
                         float32_outputs[(strategy, batch)] = ours

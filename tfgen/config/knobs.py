@@ -4,7 +4,7 @@ A knob is a value that must never recompile the program when it changes (tempera
 ids, budgets, seeds ...). Each is declared here with its dtype, whether it is per row or shared by the batch,
 its neutral value (the one that leaves scores untouched) and its valid range. The readers:
 - `GenerationConfig.validate` checks the config attribute of the same name against `valid`;
-- `tfgen.logits.from_config` fills the processor knobs (`fill`), and the decoding loops read them;
+- the processors declared in `tfgen.logits` fill their knobs (`fill`), and the decoding loops read them;
 - the beam and contrastive loops repeat the per-row knobs for their extra rows (`per_row`);
 - `tfgen.export` builds each signature's per-row inputs and in-graph request checks from it (what
   `tfgen serve` and TF Serving answer 400 to).

@@ -1,6 +1,7 @@
-"""Logits processing inside the compiled loop: the processors (HF's order and numerics, `processors`), the
-sampling warpers (`warpers`), the structured-output mask (`grammar`), and how a `GenerationConfig` becomes the static
-`ProcessorSpec` and its run-time knobs (`from_config`).
+"""Logits processing inside the compiled loop. Each processor and sampling warper is declared once
+(`spec.Processor`): HF's processors (`processors`), the sampling warpers (`warpers`), the structured-output mask
+(`grammar`); what they read (`context`: `ProcessorContext`, the knob readers); and the pipeline (`pipeline`): a
+config read once into the static `ProcessorSpec` and its run-time knobs, and the processors run in order.
 
-May import `tfgen.config`, `tfgen.structured` and the leaf utilities.
+May import `tfgen.structured`, `tfgen.config` and the leaf utilities.
 """
