@@ -22,7 +22,15 @@ import numpy as np
 from benchmarks.checkpoints import DEFAULT_TRAINED_MODEL, RANDOM_124M, checkpoint_info, resolve_checkpoint
 from benchmarks.first_call import first_call_in_subprocess
 from benchmarks.peers import (
-    BENCH_REQUESTS, DEFAULT_LIBRARIES, DEFAULT_STRATEGIES, DETERMINISTIC, LIBRARIES, Unavailable, bench_prompt, load_runner, short_error,
+    BENCH_REQUESTS,
+    DEFAULT_LIBRARIES,
+    DEFAULT_STRATEGIES,
+    DETERMINISTIC,
+    LIBRARIES,
+    Unavailable,
+    bench_prompt,
+    load_runner,
+    short_error,
 )
 
 # 512 MB of float32: far larger than any cache, like the weights of a decode step.
@@ -193,7 +201,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: {','.join(default_models)})",
     )
     parser.add_argument("--libraries", type=_csv(str, LIBRARIES), default=list(DEFAULT_LIBRARIES),
-                        help=f"comma-separated subset of {','.join(LIBRARIES)} (default: {','.join(DEFAULT_LIBRARIES)})")
+                        help=f"comma-separated subset of {','.join(LIBRARIES)} "
+                              f"(default: {','.join(DEFAULT_LIBRARIES)})")
     parser.add_argument("--strategies", type=_csv(str, tuple(BENCH_REQUESTS)), default=list(DEFAULT_STRATEGIES),
                         help=f"comma-separated subset of {','.join(BENCH_REQUESTS)} "
                         f"(default: {','.join(DEFAULT_STRATEGIES)})")

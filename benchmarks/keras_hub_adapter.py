@@ -41,7 +41,14 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.harness import _csv
 from benchmarks.peers import (
-    BENCH_REQUESTS, DEFAULT_STRATEGIES, DETERMINISTIC, Runner, TfgenRunner, Unavailable, is_gguf, keras_hub_generate,
+    BENCH_REQUESTS,
+    DEFAULT_STRATEGIES,
+    DETERMINISTIC,
+    Runner,
+    TfgenRunner,
+    Unavailable,
+    is_gguf,
+    keras_hub_generate,
     keras_hub_sampler,
 )
 
@@ -154,7 +161,7 @@ class TfgenOverKerasHub(TfgenRunner):
     """tfgen's `generate()` over `from_keras_hub(causal_lm)`: the keras-hub model's own variables. Keeps its first
     output per (strategy, batch) in `outputs` (for the agreement between variants)."""
 
-    def __init__(self, causal_lm, new_tokens):  # noqa: super().__init__ loads a checkpoint; nothing to load here
+    def __init__(self, causal_lm, new_tokens):  # super().__init__ loads a checkpoint; nothing to load here
         from tfgen import from_keras_hub
 
         self.checkpoint, self.new_tokens = None, new_tokens

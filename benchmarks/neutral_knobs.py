@@ -249,9 +249,8 @@ def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[
 
     from tfgen.config.generation_config import GenerationConfig
     from tfgen.decoding.state import sample_from_scores
-    from tfgen.logits.pipeline import processor_knobs_from_config
     from tfgen.logits.context import ProcessorContext
-    from tfgen.logits.pipeline import apply_processors
+    from tfgen.logits.pipeline import apply_processors, processor_knobs_from_config
 
     steps, prompt_len = options.new_tokens, options.prompt_len
     width = prompt_len + steps

@@ -166,7 +166,8 @@ def main(argv=None) -> int:
                   f"(median latency {statistics.median(latencies):.2f} s)", file=sys.stderr, flush=True)
         one = run["clients"].get(1, {}).get("tokens_per_s")
         if one:
-            run["speedup_over_one_client"] = {count: value["tokens_per_s"] / one for count, value in run["clients"].items()}
+            run["speedup_over_one_client"] = {count: value["tokens_per_s"] / one
+                                              for count, value in run["clients"].items()}
         if batching:
             engine = served.engine
             listener = queue.SimpleQueue()

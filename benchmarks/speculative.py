@@ -106,7 +106,8 @@ def parse_group(text: str) -> dict:
         batch, prompts, configs = spec.split(":")
         batch, configs = int(batch), configs.split(",")
     except ValueError:
-        raise ValueError(f"--groups: {text!r} is neither a group ({', '.join(GROUPS)}) nor BATCH:PROMPTS:CONFIGS")
+        raise ValueError(f"--groups: {text!r} is neither a group ({', '.join(GROUPS)}) nor "
+                         "BATCH:PROMPTS:CONFIGS") from None
     if prompts not in PROMPT_SETS or batch <= 0:
         raise ValueError(f"--groups: {text!r}: prompts must be one of {sorted(PROMPT_SETS)}, batch positive")
     for config in configs:
@@ -181,8 +182,8 @@ class ConfigRunner:
         result = program(request.inputs)
         sequences = np.asarray(package_outputs(request, result))
         rows = self.ids.shape[0]
-        stats = {name: np.asarray(result[name])[:rows] for name in ("generated_lengths", "draft_accepted", "draft_rounds")
-                 if name in result}
+        stats = {name: np.asarray(result[name])[:rows]
+                 for name in ("generated_lengths", "draft_accepted", "draft_rounds") if name in result}
         return sequences[:, self.ids.shape[1]:], stats
 
 
@@ -413,7 +414,8 @@ def _step_case(text: str) -> tuple:
 # The plain step (one token, scalar index, each head), the verification call (k + 1 tokens, per-row index, the
 # transposed head the loop's view uses for them; the stored head for comparison), the early-exit drafter's call.
 DEFAULT_STEP_CASES = [
-    "1:1:stored", "1:1:view", "1:1:none", "1:1:stored:0:row", "1:2:view:0:row", "1:3:view:0:row", "1:5:view:0:row", "1:5:stored:0:row", "1:9:view:0:row",
+    "1:1:stored", "1:1:view", "1:1:none", "1:1:stored:0:row", "1:2:view:0:row", "1:3:view:0:row", "1:5:view:0:row",
+    "1:5:stored:0:row", "1:9:view:0:row",
     "1:9:stored:0:row", "1:9:view", "1:17:view:0:row", "1:1:view:15:row", "1:1:view:8:row", "1:1:stored:8:row",
     "4:1:view", "4:5:view:0:row", "4:9:view:0:row", "16:1:view", "16:5:view:0:row", "16:9:view:0:row",
 ]
@@ -544,7 +546,8 @@ def report_table(results: dict) -> str:
         lines += ["", "\\* measured again in a later run (`--from-json` merges runs; the later run's figures win)."]
     if results.get("step_timing"):
         lines += ["", f"One `call_with_cache` of T tokens per row (buffer of {results['settings'].get('step_buffer')} "
-                  "slots; median per call inside a compiled loop that carries the cache; × plain step: against the batch's "
+                  "slots; median per call inside a compiled loop that carries the cache; × plain step: against the "
+                  "batch's "
                   "one-token call through every layer and the faster head):", "",
                   "| batch | tokens T | head | layers | cache index | ms per call | × plain step |",
                   "|---|---|---|---|---|---|---|"]

@@ -30,9 +30,9 @@ def measure(label: str, first_form: str, root: str) -> dict:
     import tensorflow as tf
 
     import tfgen
-    from tfgen.hub.default_model import default_model_path
     from tfgen.export import export_saved_model
     from tfgen.export.structured_inputs import structured_tables
+    from tfgen.hub.default_model import default_model_path
     from tfgen.structured.automaton import build_automaton
     from tfgen.structured.json_schema import schema_regex
 

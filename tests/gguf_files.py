@@ -34,7 +34,7 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
             max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_level_vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(tokens, merges) of a byte-level BPE trained on CORPUS: SPECIALS are ids 0-2, USER_TOKEN the last id."""
     import tokenizers
@@ -51,7 +51,7 @@ def byte_level_vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(tokens), tuple(merges)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sentencepiece_vocabulary() -> tuple[tuple[str, ...], tuple[float, ...], tuple[int, ...]]:
     """(tokens, scores, token types) of a SentencePiece-style BPE: <unk>, <s>, </s>, 256 byte tokens, then pieces
     ("▁" for spaces) scored by merge order (earlier merges score higher; single characters lowest)."""

@@ -21,9 +21,9 @@ import pytest
 import tensorflow as tf
 
 from tfgen import Tokenizer
-from tfgen.hub import default_model as defaults
 from tfgen.batch import batch_generate, row_seeds, run_batch_job
 from tfgen.cli import main
+from tfgen.hub import default_model as defaults
 
 BATCH = 4
 MAX_NEW = 8

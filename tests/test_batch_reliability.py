@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tokenizers
+from conftest import TINY_GPT2
 
 from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.batch import JobInterrupted, batch_generate, run_batch_job
 from tfgen.batch.jobfiles import JobFiles
 from tfgen.batch.joblock import OutputLock
-
-from conftest import TINY_GPT2
 
 BATCH = 4
 SEED = (3, 4)

@@ -11,7 +11,6 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from conftest import left_padded_batch
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90], [7, 7, 21, 64, 15]]

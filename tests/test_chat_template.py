@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import chat_templates
 import jinja2
 import numpy as np
 import pytest
@@ -15,8 +16,6 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tfgen.text.chat_template import MissingChatTemplateError, compile_chat_template
 from tfgen.text.tokenizer import Tokenizer
-
-import chat_templates
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|begin_of_text|>", "</s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>",
                   "<|end_header_id|>", "<|eot_id|>"]
@@ -237,7 +236,7 @@ def test_named_templates_without_a_default_give_none(backend, tmp_path, caplog):
     assert "tool_use" in caplog.text and "default" in caplog.text
 
 
-# --- errors ------------------------------------------------------------------------------------------------------------
+# --- errors -----------------------------------------------------------------------------------------------------
 
 
 def test_no_template_is_a_clear_value_error(backend):

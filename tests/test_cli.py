@@ -16,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY_GPT2, word_level_tokenizer
 
 from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.cli import main
-
-from conftest import TINY_GPT2, word_level_tokenizer
 
 
 def expected_text(model_dir, prompt, **options):
@@ -400,7 +399,7 @@ def swallow_an_interrupt():
     """Like library code with a bare `except:` (Keras's `shape()`, TensorFlow's ConcreteFunctionGarbageCollector)."""
     try:
         signal.raise_signal(signal.SIGINT)  # Python runs the handler right here, inside the `try`
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (the interrupt itself is what is caught)
         pass
 
 

@@ -84,7 +84,8 @@ def _imported_modules(path: pathlib.Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             imported.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names)
     return {module for module in imported if module in known and module != name}
 

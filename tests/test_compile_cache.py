@@ -18,9 +18,9 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import build_hf_gpt2
 
 from tfgen.generation import compile_cache
-from conftest import build_hf_gpt2
 
 # Prints the greedy tokens of two prompts (prompt-length buckets 16 and 32: two programs) and what the cache folder
 # held once the model was built, as JSON. Imports TensorFlow before tfgen, as a user's program may: TensorFlow reads

@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import torch
-from transformers.generation import beam_constraints as hf_constraints
-
 from conftest import left_padded_batch, word_level_tokenizer
 from llama_checkpoints import build_hf_model
+from transformers.generation import beam_constraints as hf_constraints
 
 from tfgen import AutoModelForCausalLM, DisjunctiveConstraint, PhrasalConstraint, TextStreamer
-from tfgen.decoding.constraints import check_constraint_vocabulary, constraint_tables
 from tfgen.decoding.constraint_states import ConstraintGraph
+from tfgen.decoding.constraints import check_constraint_vocabulary, constraint_tables
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90]]
 NEW_TOKENS = 12

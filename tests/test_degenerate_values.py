@@ -106,7 +106,8 @@ def test_an_overflowing_temperature_keeps_the_distribution_defined():
     from tfgen.logits.warpers import apply_warpers
 
     scores = tf.constant([[100.0, 50.0, -100.0, -np.inf], [1.0, 2.0, 3.0, 4.0]])
-    warped, _ = apply_warpers(ProcessorSpec().forced({"temperature": True}), scores, {"temperature": np.array([1e-37, 0.5], "f4")})
+    spec = ProcessorSpec().forced({"temperature": True})
+    warped, _ = apply_warpers(spec, scores, {"temperature": np.array([1e-37, 0.5], "f4")})
     assert warped.numpy().tolist() == [[0.0, -np.inf, -np.inf, -np.inf], [2.0, 4.0, 6.0, 8.0]]
 
 

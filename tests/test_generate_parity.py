@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import left_padded_batch
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90], [7, 7, 21, 64, 15]]
@@ -59,7 +58,8 @@ def test_greedy_rows_finishing_on_eos_at_different_steps(tiny_model, hf_model, b
     ours = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=mid_way_eos)
     np.testing.assert_array_equal(ours.numpy(), expected)
     # The check has teeth: rows really stopped early, at different steps, and were padded afterwards.
-    finish_steps = {int(np.flatnonzero(row[ids.shape[1] :] == mid_way_eos)[0]) for row in expected if mid_way_eos in row}
+    finish_steps = {int(np.flatnonzero(row[ids.shape[1] :] == mid_way_eos)[0])
+                    for row in expected if mid_way_eos in row}
     assert len(finish_steps) >= 2
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import left_padded_batch
 
 from tfgen.decoding.state import sample_from_scores
-
-from conftest import left_padded_batch
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90], [7, 7, 21, 64, 15]]
 SAMPLE = dict(max_new_tokens=10, do_sample=True, eos_token_id=None, top_k=0)
@@ -77,7 +76,8 @@ def test_new_knob_values_and_prompts_do_not_recompile(tiny_model, batch):
         run = {**options, **{k: v for k, v in run.items() if v is not None}}
         tiny_model.generate(ids, attention_mask=mask, **run)
     other_ids, other_mask = left_padded_batch([[9, 8, 7, 6], [1, 5], [60, 61, 62, 63, 64, 65, 66]])
-    tiny_model.generate(other_ids, attention_mask=other_mask, seed=[3, 3], temperature=1.1, top_k=3, top_p=0.8, **options)
+    tiny_model.generate(other_ids, attention_mask=other_mask, seed=[3, 3], temperature=1.1, top_k=3, top_p=0.8,
+                        **options)
     assert tiny_model.generate_trace_count == traces
     # A different static choice (an n-gram size no other test uses) is a new program: the counter sees it.
     tiny_model.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=None, no_repeat_ngram_size=5)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gguf_files import build_hf_model, byte_level_vocabulary, hf_gguf_checkpoint, llama_cpp_rope_freqs, write_gguf
-from tfgen.cli import main
+
 from tfgen.auto.models import AutoModelForCausalLM
 from tfgen.auto.tokenizer import AutoTokenizer
+from tfgen.cli import main
 
 VOCAB = len(byte_level_vocabulary()[0])
 PROMPTS = ["The quick brown fox", "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-
 from gguf_files import finish
+
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tensors import dequantize
 
@@ -55,15 +55,15 @@ def _q6_k(raw):  # ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (
     values = np.zeros(256)
     for half in range(2):
         low, high, scale = ql[64 * half: 64 * half + 64], qh[32 * half: 32 * half + 32], scales[8 * half:]
-        for l in range(32):
+        for lane in range(32):
             quarters = (
-                (low[l] & 0xF) | ((high[l] & 3) << 4),
-                (low[l + 32] & 0xF) | (((high[l] >> 2) & 3) << 4),
-                (low[l] >> 4) | (((high[l] >> 4) & 3) << 4),
-                (low[l + 32] >> 4) | (((high[l] >> 6) & 3) << 4),
+                (low[lane] & 0xF) | ((high[lane] & 3) << 4),
+                (low[lane + 32] & 0xF) | (((high[lane] >> 2) & 3) << 4),
+                (low[lane] >> 4) | (((high[lane] >> 4) & 3) << 4),
+                (low[lane + 32] >> 4) | (((high[lane] >> 6) & 3) << 4),
             )
             for quarter, q in enumerate(quarters):
-                values[128 * half + 32 * quarter + l] = d * scale[l // 16 + 2 * quarter] * (int(q) - 32)
+                values[128 * half + 32 * quarter + lane] = d * scale[lane // 16 + 2 * quarter] * (int(q) - 32)
     return list(values)
 
 
@@ -89,9 +89,9 @@ def _q3_k(raw):  # hmask[32] (third bit), qs[64] (2 bits), scales[12] (16 6-bit 
         quants = qs[32 * half: 32 * half + 32]
         for shift in (0, 2, 4, 6):
             for offset in (0, 16):
-                for l in range(16):
-                    q = (int(quants[offset + l]) >> shift) & 3
-                    high_set = (hmask[offset + l] >> bit) & 1
+                for lane in range(16):
+                    q = (int(quants[offset + lane]) >> shift) & 3
+                    high_set = (hmask[offset + lane] >> bit) & 1
                     values.append(d * (scales[sub] - 32) * (q - (0 if high_set else 4)))
                 sub += 1
             bit += 1

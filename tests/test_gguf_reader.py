@@ -6,9 +6,16 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+from gguf_files import (
+    build_hf_model,
+    byte_level_vocabulary,
+    finish,
+    hf_gguf_checkpoint,
+    llama_cpp_permute,
+    llama_cpp_rope_freqs,
+    write_gguf,
+)
 
-from gguf_files import (build_hf_model, finish, byte_level_vocabulary, hf_gguf_checkpoint, llama_cpp_permute,
-                        llama_cpp_rope_freqs, write_gguf)
 from tfgen.gguf import is_gguf_path
 from tfgen.gguf.config import hf_config_dict
 from tfgen.gguf.files import open_gguf
@@ -181,7 +188,8 @@ def test_tensors_not_matching_the_metadata(tmp_path):
            extra_tensors={"rope_freqs.weight": np.ones(8, np.float32)})
     _error(tmp_path, "rope.dimension_count.*differs from the head size 16",
            metadata={"llama.rope.dimension_count": (8, U32)})
-    _error(tmp_path, "'llama.attention.head_count' must be at least 1", metadata={"llama.attention.head_count": (0, U32)})
+    _error(tmp_path, "'llama.attention.head_count' must be at least 1",
+           metadata={"llama.attention.head_count": (0, U32)})
     _error(tmp_path, "'llama.block_count' must be an integer", metadata={"llama.block_count": ("2", STR)})
     _error(tmp_path, "rope scaling 'longrope'.*supported: linear, yarn",
            metadata={"llama.rope.scaling.type": ("longrope", STR)})

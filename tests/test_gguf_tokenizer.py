@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import gguf
 import pytest
-
 from gguf_files import TEXTS, USER_TOKEN, build_hf_model, byte_level_vocabulary, sentencepiece_vocabulary, write_gguf
+
+from tfgen.auto.tokenizer import AutoTokenizer
 from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tokenizer import PRE_TOKENIZERS, build_backend, byte_level_pre_tokenizer
-from tfgen.auto.tokenizer import AutoTokenizer
 
 VOCAB = len(byte_level_vocabulary()[0])
 SPM_VOCAB = len(sentencepiece_vocabulary()[0])
@@ -77,7 +77,8 @@ def test_add_bos_and_eos_tokens(tmp_path):
     assert tokenizer.encode("Hello world") == [1, *body, 2]
     assert tokenizer(["Hello world"], max_length=3, truncation=True)["input_ids"].tolist() == [[1, body[-1], 2]]
     # llama.cpp adds bos by default for Llama 3's pre-tokenizer, not for GPT-2's.
-    assert AutoTokenizer.from_pretrained(_file(tmp_path, name="l3.gguf", pre="llama-bpe", add_bos=None)).encode("a")[0] == 1
+    llama3 = AutoTokenizer.from_pretrained(_file(tmp_path, name="l3.gguf", pre="llama-bpe", add_bos=None))
+    assert llama3.encode("a")[0] == 1
     assert AutoTokenizer.from_pretrained(_file(tmp_path, name="g2.gguf", pre="gpt-2", add_bos=None)).encode("a")[0] != 1
 
 

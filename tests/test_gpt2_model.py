@@ -12,8 +12,8 @@ import tensorflow as tf
 import torch
 import transformers
 
-from tfgen.config.generation_config import GenerationConfig
 from tfgen.auto.models import AutoModelForCausalLM
+from tfgen.config.generation_config import GenerationConfig
 from tfgen.models.gpt2 import GPT2Config, GPT2LMHeadModel
 
 VOCAB = 99

@@ -10,8 +10,9 @@ import pytest
 
 keras_hub = pytest.importorskip("keras_hub")
 
-import tfgen  # noqa: E402
 from keras_hub_models import keras_hub_greedy, randomize  # noqa: E402
+
+import tfgen  # noqa: E402
 
 SMALL = dict(vocabulary_size=96, num_query_heads=4, hidden_dim=32, intermediate_dim=64)
 WINDOW = 4  # slots, so that the window matters within the prompts below

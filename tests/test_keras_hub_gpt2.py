@@ -17,13 +17,14 @@ keras_hub = pytest.importorskip("keras_hub")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import tfgen  # noqa: E402
-from tfgen.decoding.random import derive_seeds  # noqa: E402
 from conftest import left_padded_batch  # noqa: E402
 from keras_hub_models import keras_hub_greedy, randomize  # noqa: E402
 from test_beam_search import BEAM, NEW_TOKENS, assert_beams_match  # noqa: E402
 from test_beam_search import hf_generate as hf_beam_generate  # noqa: E402
 from test_generate_parity import hf_generate  # noqa: E402
+
+import tfgen  # noqa: E402
+from tfgen.decoding.random import derive_seeds  # noqa: E402
 
 SMALL = dict(vocabulary_size=96, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64,
              max_sequence_length=64)

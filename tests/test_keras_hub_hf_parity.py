@@ -11,13 +11,14 @@ keras_hub = pytest.importorskip("keras_hub")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import tfgen  # noqa: E402
 from conftest import left_padded_batch  # noqa: E402
 from keras_hub_models import randomize  # noqa: E402
 from test_beam_search import BEAM, assert_beams_match, assert_steps_match  # noqa: E402
 from test_beam_search import hf_generate as hf_beam_generate  # noqa: E402
 from test_generate_parity import NEW_TOKENS, hf_generate  # noqa: E402
 from test_llama_parity import OUTPUTS, PROMPTS, beam_eos, mid_way_eos  # noqa: E402
+
+import tfgen  # noqa: E402
 
 
 def _hf_llama(causal_lm):

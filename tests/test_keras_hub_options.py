@@ -8,8 +8,9 @@ import pytest
 
 keras_hub = pytest.importorskip("keras_hub")
 
-import tfgen  # noqa: E402
 from keras_hub_models import randomize  # noqa: E402
+
+import tfgen  # noqa: E402
 
 SMALL = dict(vocabulary_size=96, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=32,
              intermediate_dim=48)

@@ -9,8 +9,9 @@ import pytest
 
 keras_hub = pytest.importorskip("keras_hub")
 
-import tfgen  # noqa: E402
 from keras_hub_models import randomize  # noqa: E402
+
+import tfgen  # noqa: E402
 from tfgen.keras_hub import KerasHubCausalLM, KerasHubTokenizer  # noqa: E402
 
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -87,6 +88,7 @@ def test_tfgen_generate_cli_runs_a_preset(preset, loaded, capsys):
 
 def test_exported_model_answers_rest_predict_like_generate(loaded, tmp_path):
     from test_serve import as_columns, as_instances, call
+
     from tfgen.serving import ModelServer, load_export, start_in_thread
 
     model, tokenizer = loaded

@@ -9,9 +9,10 @@ import pytest
 
 keras_hub = pytest.importorskip("keras_hub")
 
-import tfgen  # noqa: E402
 from conftest import left_padded_batch  # noqa: E402
 from keras_hub_models import keras_hub_greedy, randomize  # noqa: E402
+
+import tfgen  # noqa: E402
 
 SMALL = dict(vocabulary_size=96, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=32,
              intermediate_dim=48)
@@ -50,7 +51,8 @@ def family_model(request):
 
 # Left padding and batching are the adapter's, not a family's: two families (one windowed) by default, all in `slow`.
 @pytest.fixture(scope="module", params=[family if family in ("llama", "mistral")
-                                        else pytest.param(family, marks=pytest.mark.slow) for family in sorted(FAMILIES)])
+                                        else pytest.param(family, marks=pytest.mark.slow)
+                                        for family in sorted(FAMILIES)])
 def padded_family_model(request):
     return _build_wrapped(request.param)
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
 from conftest import left_padded_batch
 from llama_checkpoints import FAMILIES, build_checkpoints, build_hf_model, hf_config, hf_logits
 
@@ -285,7 +284,8 @@ def test_keras_fit_lowers_the_causal_lm_loss_with_attention_dropout(batch):
     import keras
 
     keras.utils.set_random_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config("qwen3", attention_dropout=0.3, initializer_range=0.02).to_dict())
+    config = hf_config("qwen3", attention_dropout=0.3, initializer_range=0.02)
+    model = AutoModelForCausalLM.from_config(config.to_dict())
     ids, mask = batch
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     history = model.fit({"input_ids": ids, "attention_mask": mask}, epochs=8, batch_size=3, verbose=0).history["loss"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import left_padded_batch
 from llama_checkpoints import FAMILIES, build_checkpoints, first_eos_candidate
 from test_beam_search import BEAM, GROUP, as_hf_writes_it, assert_beams_match, assert_steps_match, right_padded

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_GPT2, word_level_tokenizer
 
-from tfgen.config.generation_config import GenerationConfig
 from tfgen.auto.models import AutoModelForCausalLM
+from tfgen.config.generation_config import GenerationConfig
 from tfgen.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from tfgen.models.loading import read_safetensors_weights
 from tfgen.text.tokenizer import Tokenizer
-
-from conftest import TINY_GPT2, word_level_tokenizer
 
 # Every refusal must come before anything is built: well under the time it takes to build even the tiny model.
 FAST_SECONDS = 2.0

@@ -7,10 +7,9 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import word_level_tokenizer
 
 from tfgen import GenerationConfig, PhrasalConstraint
-
-from conftest import word_level_tokenizer
 
 SAMPLE = dict(do_sample=True)
 BEAMS = dict(num_beams=2)

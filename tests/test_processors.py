@@ -13,9 +13,13 @@ from transformers.generation.logits_process import LogitsProcessor as HFLogitsPr
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
-from tfgen.logits.pipeline import processor_knobs_from_config, processor_spec_from_config
 from tfgen.logits.context import ProcessorContext
-from tfgen.logits.pipeline import LogitsProcessor, apply_processors
+from tfgen.logits.pipeline import (
+    LogitsProcessor,
+    apply_processors,
+    processor_knobs_from_config,
+    processor_spec_from_config,
+)
 
 VOCAB = 48
 BATCH = 3

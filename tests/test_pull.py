@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 
 import tfgen
-from tfgen.hub import pull as model_pull
 from tfgen.cli import main
+from tfgen.hub import pull as model_pull
 from tfgen.hub.pull import PullError, pull, resolve_model_argument
 from tfgen.hub.registry import MODELS
 

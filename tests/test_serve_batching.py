@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
-import queue
 import threading
 import time
 

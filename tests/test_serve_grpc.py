@@ -33,7 +33,7 @@ from test_serve import MODEL, as_columns, as_instances, call, expected, exports,
 from test_serve import server as rest_server  # noqa: F401  (a fixture)
 
 from tfgen import serving
-from tfgen.cli import build_parser, main
+from tfgen.cli import main
 from tfgen.commands import serve as serve_command
 from tfgen.serving.grpc_api import GrpcModelServer
 from tfgen.serving.served_model import ServedModel

@@ -20,8 +20,8 @@ from test_export import requests
 from test_serve import MAX_REQUEST_BYTES, MODEL, exports, load_tiny_export  # noqa: F401  (exports: a fixture)
 
 from tfgen import serving
-from tfgen.serving.batching import RETRY_AFTER
 from tfgen.serving import ModelServer, start_in_thread
+from tfgen.serving.batching import RETRY_AFTER
 
 TIMEOUT = 0.5  # IDLE_TIMEOUT and BODY_TIMEOUT of the server under test
 MAX_CONNECTIONS = 3
@@ -174,7 +174,7 @@ HOSTILE = {
 def test_hostile_bodies_get_400_json_naming_the_field_before_any_signature_runs(server, monkeypatch, path, body,
                                                                                message):
     ran = []
-    for name, function in server.model.signatures.items():
+    for name in list(server.model.signatures):
         monkeypatch.setitem(server.model.signatures, name, lambda *args, _name=name, **kwargs: ran.append(_name))
     status, headers, answer = request(server, "POST", path, body)
     assert (status, headers["Content-Type"]) == (400, "application/json")

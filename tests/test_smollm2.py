@@ -54,6 +54,7 @@ def hf_smollm2(smollm2_gguf, hf_tokenizer):
 
 def test_tokenizer_gives_llama_cpps_and_hfs_ids_and_the_text_back(smollm2_gguf, hf_tokenizer):
     from gguf_files import TEXTS
+
     from tfgen import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf)

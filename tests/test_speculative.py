@@ -8,14 +8,13 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import word_level_tokenizer
 
 from tfgen import GenerationConfig
+from tfgen.generation.programs import generate_program
 from tfgen.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from tfgen.models.llama import LlamaConfig, LlamaForCausalLM
-from tfgen.generation.programs import generate_program
 from tfgen.request.prepare import prepare_request
-
-from conftest import word_level_tokenizer
 
 # Rows that repeat themselves (so prompt lookup finds matches), of different lengths (left padding).
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 12, 13, 9, 10, 11, 12, 13, 9, 10], [20, 21, 22, 20, 21]]
@@ -111,8 +110,9 @@ def test_prompt_lookup_matches_hf_assisted_generation(models, hf_model):
     model, _ = models["gpt2"]
     ids = np.array([PROMPTS[1]], np.int32)
     ours = model.generate(ids, max_new_tokens=12, prompt_lookup_num_tokens=3).numpy()
-    theirs = hf_model.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                               max_new_tokens=12, do_sample=False, prompt_lookup_num_tokens=3, pad_token_id=0)
+    theirs = hf_model.generate(torch.tensor(ids, dtype=torch.long),
+                               attention_mask=torch.ones(ids.shape, dtype=torch.long), max_new_tokens=12,
+                               do_sample=False, prompt_lookup_num_tokens=3, pad_token_id=0)
     np.testing.assert_array_equal(ours[:, :theirs.shape[1]], theirs.numpy())
 
 
@@ -145,7 +145,8 @@ def test_scores_stop_strings_and_streaming(models):
     for ours, theirs in zip(speculative.scores + speculative.logits, plain.scores + plain.logits):
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
     stream = np.concatenate([np.reshape(column, [len(PROMPTS), -1]) for column in streamed], axis=1)
-    np.testing.assert_array_equal(stream[:, -len(plain.scores):], plain.sequences[:, ids.shape[1]:][:, :len(plain.scores)])
+    steps = len(plain.scores)
+    np.testing.assert_array_equal(stream[:, -steps:], plain.sequences[:, ids.shape[1]:][:, :steps])
 
 
 def test_seeded_speculative_sampling_repeats_and_is_batch_invariant(models):

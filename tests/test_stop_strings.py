@@ -190,7 +190,7 @@ def test_decode_loop_use_matches_hf_at_every_step(multibyte):
 
     for end_index in range(length):
         hits = step_hits(tf.constant(buffer), tf.constant(end_index), tf.constant(starts)).numpy()
-        for index, row in enumerate(rows):
+        for index in range(len(rows)):
             real = buffer[index, starts[index]:end_index + 1].tolist()
             assert hits[index] == (bool(real) and _hf_hits(hf_tokenizer, _MULTIBYTE_STOPS, [real])[0])
 

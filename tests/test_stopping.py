@@ -112,16 +112,17 @@ def test_stop_strings_match_hf_pytorch(model, tokenizer, hf, batch, options):
 
 
 def test_seeded_sampling_stops_where_the_text_first_ends_with_a_stop_string(model, tokenizer, batch):
-    from transformers.generation.stopping_criteria import StopStringCriteria
     import torch
     import transformers
+    from transformers.generation.stopping_criteria import StopStringCriteria
 
     ids, mask = batch
     options = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=True, seed=[5, 6], eos_token_id=None)
     free = model.generate(ids, **options).numpy()
     stop_strings = _stop_strings_inside(tokenizer, free, ids.shape[1])
     stopped = model.generate(ids, stop_strings=stop_strings, tokenizer=tokenizer, **options).numpy()
-    hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{defaults.default_model_path()}/tokenizer.json")
+    tokenizer_file = f"{defaults.default_model_path()}/tokenizer.json"
+    hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)
     criterion = StopStringCriteria(hf_tokenizer, stop_strings)
     width = ids.shape[1]
     for row in range(len(PROMPTS)):
@@ -198,7 +199,8 @@ def test_hf_named_criteria_stand_for_their_options(model, tokenizer, batch):
     with pytest.raises(ValueError, match="max_time"):
         model.generate(ids, max_time=5.0, stopping_criteria=[tfgen.MaxTimeCriteria(3.0)], **common)
     # A built-in criterion inside a nested list still stands for its option (never traced with a frozen clock).
-    nested = tfgen.StoppingCriteriaList([tfgen.StoppingCriteriaList([tfgen.StopStringCriteria(tokenizer, stop_strings)])])
+    inner = tfgen.StoppingCriteriaList([tfgen.StopStringCriteria(tokenizer, stop_strings)])
+    nested = tfgen.StoppingCriteriaList([inner])
     np.testing.assert_array_equal(model.generate(ids, stopping_criteria=[nested], **common).numpy(), by_option)
     with pytest.raises(TypeError, match="stopping_criteria"):
         model.generate(ids, stopping_criteria=[42], **common)

@@ -8,10 +8,9 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import left_padded_batch, word_level_tokenizer
 
 from tfgen.generation.streaming import BaseStreamer, TextIteratorStreamer, TextStreamer, TokenCallbackStreamer
-
-from conftest import left_padded_batch, word_level_tokenizer
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90], [7, 7, 21, 64, 15]]
 
@@ -97,7 +96,8 @@ def test_text_iterator_streamer_in_a_thread(tiny_model, word_tokenizer):
     options = dict(max_new_tokens=10, eos_token_id=None, do_sample=True, seed=[8, 8])
     expected = tiny_model.generate(prompt["input_ids"], **options).numpy()
     streamer = TextIteratorStreamer(word_tokenizer, skip_prompt=True, timeout=120)
-    worker = threading.Thread(target=tiny_model.generate, args=(prompt["input_ids"],), kwargs={**options, "streamer": streamer})
+    worker = threading.Thread(target=tiny_model.generate, args=(prompt["input_ids"],),
+                              kwargs={**options, "streamer": streamer})
     worker.start()
     pieces = list(streamer)
     worker.join()

@@ -183,7 +183,8 @@ def test_structured_signature_refuses_tables_indexing_outside_themselves(shipped
     tables = structured_tables(build_automaton(tokenizer, 4096, ID_REGEX), *BUCKET)
     tables["grammar_next"][1, 1] = BUCKET[0]
     rows = {"seed": np.zeros([1, 2], np.int32), "temperature": np.ones([1], np.float32),
-            "top_k": np.ones([1], np.int32), "top_p": np.ones([1], np.float32), "max_new_tokens": np.ones([1], np.int32)}
+            "top_k": np.ones([1], np.int32), "top_p": np.ones([1], np.float32),
+            "max_new_tokens": np.ones([1], np.int32)}
     with pytest.raises(RequestError, match=r"grammar_next: states must be in \[0, 16\)"):
         served.predict(STRUCTURED_SIGNATURE, {"input_ids": ids, "attention_mask": mask, **rows, **tables})
 

@@ -13,7 +13,6 @@ import warnings
 import jsonschema
 import numpy as np
 import pytest
-
 from llama_checkpoints import build_hf_model
 
 PROMPTS = ["def add(a, b):", "import"]
@@ -178,6 +177,7 @@ def test_a_pattern_the_vocabulary_cannot_spell_is_refused(shipped):
     """The shipped tokenizer's 4096 ids spell every byte, so a word-level vocabulary stands in for one that
     cannot: its tokens are "w3" ... "w96"."""
     from conftest import word_level_tokenizer
+
     from tfgen.structured.automaton import build_automaton
 
     with pytest.raises(ValueError, match="regex: 'x' cannot constrain this model's output: .*incompatible"):

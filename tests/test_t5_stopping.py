@@ -1,6 +1,7 @@
 """Stopping an encoder-decoder generate() (T5): stop strings token for token with HF PyTorch 4.55.4 on a
-SentencePiece-style tokenizer (T5's kind), a user criterion traced into the loop (greedy and beams; HF's torch criterion is the reference), `max_time`,
-and an export whose greedy signature stops on the strings fixed at export. The criteria see the decoder's tokens."""
+SentencePiece-style tokenizer (T5's kind), a user criterion traced into the loop (greedy and beams; HF's torch criterion
+is the reference), `max_time`, and an export whose greedy signature stops on the strings fixed at export. The criteria
+see the decoder's tokens."""
 
 from __future__ import annotations
 

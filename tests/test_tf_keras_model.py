@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from conftest import left_padded_batch
 
 from tfgen import GenerationConfig, TFGenerationMixin
 from tfgen.decoding.model_protocol import CacheStepOutput
-
-from conftest import left_padded_batch
 
 
 class _Config:

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import torch
+from conftest import left_padded_batch
 
 from tfgen.decoding.transition_scores import compute_transition_scores
-
-from conftest import left_padded_batch
 
 PROMPTS = [[5, 17, 33, 8, 61, 12], [44, 3, 90], [7, 7, 21, 64, 15]]
 NEW_TOKENS = 12

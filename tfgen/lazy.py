@@ -4,7 +4,7 @@ matters, free of TensorFlow until a name that needs it is used."""
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 
 def lazy_exports(package: str, exports: dict[str, str], namespace: dict) -> tuple[Callable, Callable]:

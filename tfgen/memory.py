@@ -9,13 +9,12 @@ logits only), so a refusal is never a false alarm; a request that passes may sti
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 # Set to a byte count to override the detected memory (tests; hosts whose /proc lies, e.g. some containers).
 MEMORY_LIMIT_ENV = "TFGEN_MEMORY_LIMIT_BYTES"
 
 
-def available_memory_bytes() -> Optional[int]:
+def available_memory_bytes() -> int | None:
     """Bytes this process may still allocate: `TFGEN_MEMORY_LIMIT_BYTES` if set, else the cgroup limit or the
     host's available memory, whichever is smaller; None where neither can be read."""
     override = os.environ.get(MEMORY_LIMIT_ENV)
@@ -47,7 +46,7 @@ def check_fits(needed_bytes: float, what: str, advice: str) -> None:
         )
 
 
-def _meminfo_available() -> Optional[int]:
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as file:
             for line in file:
@@ -61,7 +60,7 @@ def _meminfo_available() -> Optional[int]:
         return None
 
 
-def _cgroup_limit() -> Optional[int]:
+def _cgroup_limit() -> int | None:
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path, encoding="ascii") as file:

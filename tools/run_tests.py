@@ -8,8 +8,9 @@ Files that share built fixtures (the exports that the export and serving tests s
 
     python tools/run_tests.py [pytest options]     e.g. -x, -m "not slow", -k name
 
-Every test file under tests/ runs exactly once (a new file joins the last group). The exit status is the first
-failing group's (pytest's own codes), else 0.
+Every test file under tests/ runs exactly once (a new file joins the last group). First, `ruff check` lints the
+source (its rules are in pyproject.toml): a lint failure fails the run too, after the tests. The exit status is the
+lint's or the first failing group's (pytest's own codes), else 0.
 """
 
 from __future__ import annotations
@@ -43,9 +44,17 @@ def grouped_files(names: list[str]) -> list[list[str]]:
     return [group for group in groups if group]
 
 
+#: What `ruff check` lints (the package, its tests, the benchmark and the tools).
+LINTED = ["tfgen", "tests", "benchmarks", "tools"]
+
+
 def main(argv: list[str]) -> int:
     names = sorted(path.name for path in (ROOT / "tests").glob("test_*.py"))
-    status, began = 0, time.monotonic()
+    began = time.monotonic()
+    print(f"=== lint: ruff check {' '.join(LINTED)}", flush=True)
+    status = subprocess.call([sys.executable, "-m", "ruff", "check", *LINTED], cwd=ROOT)
+    if status:
+        print(f"=== lint failed (exit {status})", flush=True)
     for index, group in enumerate(grouped_files(names), 1):
         print(f"\n=== tests, group {index}: {' '.join(group)}", flush=True)
         code = subprocess.call([sys.executable, "-m", "pytest", *[f"tests/{name}" for name in group], *argv],

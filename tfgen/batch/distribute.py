@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 import tensorflow as tf
 
@@ -59,7 +58,7 @@ def _worker_count(strategy: tf.distribute.Strategy) -> int:
     return strategy.num_replicas_in_sync // local_replicas
 
 
-def agree_on_start(strategy: tf.distribute.Strategy, written: Optional[int]) -> int:
+def agree_on_start(strategy: tf.distribute.Strategy, written: int | None) -> int:
     """Every worker learns the chief's resume row (`written`; None on other workers and on a chief that failed,
     which makes every worker fail instead of waiting forever in the first collective)."""
     if _worker_count(strategy) == 1:

@@ -67,7 +67,7 @@ def _example_record(raw: bytes):
     or `prompt` (one UTF-8 bytes value); other features are ignored."""
     try:
         features = tf.train.Example.FromString(raw).features.feature
-    except Exception as error:  # protobuf's DecodeError has no stable import path
+    except Exception as error:  # noqa: BLE001 (protobuf's DecodeError has no stable import path)
         return Unreadable(f"not a tf.train.Example ({error})")
     record = {}
     for name in ("id", "prompt", "input_ids"):

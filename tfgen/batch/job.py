@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
 
 import tensorflow as tf
 from tqdm import tqdm
@@ -48,7 +47,7 @@ class JobInterrupted(KeyboardInterrupt):
     stands. The rows committed before it (`saved` of `rows`; None on a worker that does not write) stay in the
     job's files and its lock is released, so the same call, or command, resumes the job."""
 
-    def __init__(self, output: str, saved: Optional[int], rows: int):
+    def __init__(self, output: str, saved: int | None, rows: int):
         self.output, self.saved, self.rows = output, saved, rows
         done = "" if saved is None else f" ({saved} of {rows} rows are saved in {output}.partial)"
         super().__init__(f"interrupted{done}; run the job again with the same arguments to resume it")
@@ -57,12 +56,12 @@ class JobInterrupted(KeyboardInterrupt):
 def batch_generate(
     model,
     prompts,
-    strategy: Optional[tf.distribute.Strategy] = None,
+    strategy: tf.distribute.Strategy | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    generation_config: Optional[GenerationConfig] = None,
+    generation_config: GenerationConfig | None = None,
     tokenizer=None,
     seed=DEFAULT_SEED,
-    window: Optional[int] = None,
+    window: int | None = None,
     **generate_kwargs,
 ) -> list[dict]:
     """Generates a continuation for every prompt, on every replica of `strategy`, in memory.
@@ -101,10 +100,10 @@ def run_batch_job(
     input_path: str,
     output_path: str,
     *,
-    strategy: Optional[tf.distribute.Strategy] = None,
+    strategy: tf.distribute.Strategy | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    window: Optional[int] = None,
-    generation_config: Optional[GenerationConfig] = None,
+    window: int | None = None,
+    generation_config: GenerationConfig | None = None,
     tokenizer=None,
     seed=DEFAULT_SEED,
     on_error: str = "stop",

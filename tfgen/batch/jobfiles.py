@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Optional
 
 from tfgen.batch.joblock import OutputLock
 from tfgen.batch.rows import BadRow, id_key
@@ -41,7 +40,7 @@ class JobFiles:
         self._file = None
         self.complete = False
         self.cut_bytes = 0  # bytes of an interrupted write dropped on resume
-        self.rows_written: Optional[int] = None  # rows on disk once started
+        self.rows_written: int | None = None  # rows on disk once started
 
     def start(self, settings: dict, expected_ids: list) -> int:
         """Locks the job's files and opens the job: returns how many rows are already written (all of them when
@@ -224,7 +223,7 @@ def _write_atomically(path: str, text: str) -> None:
     _fsync_directory(path)
 
 
-def _read_manifest(path: str) -> Optional[dict]:
+def _read_manifest(path: str) -> dict | None:
     """The manifest at `path`, or None when there is none; raises ValueError when the file is not one."""
     if not os.path.exists(path):
         return None

@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import socket
-from typing import Optional
 
 # A finishing run removes the lock file while holding it; a run that opened the old file just before may then
 # win the lock on a file no one else can find, and must start over on the new one. Two retries cover any
@@ -27,7 +26,7 @@ class OutputLock:
     def __init__(self, output: str):
         self.output = output
         self.path = output + ".lock"
-        self._descriptor: Optional[int] = None
+        self._descriptor: int | None = None
 
     @property
     def held(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def plan_window(lengths: np.ndarray, start: int, stop: int, batch_size: int, buc
     ]
 
 
-def steps(groups: list[Group], replicas: int) -> Iterator[list[Optional[Group]]]:
+def steps(groups: list[Group], replicas: int) -> Iterator[list[Group | None]]:
     """Lists of `replicas` groups of one width (one compiled program); `None` fills a short last step."""
     by_width: dict[int, list[Group]] = {}
     for group in groups:

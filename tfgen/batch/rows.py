@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,9 +57,9 @@ class RowRules:
     """What a valid row needs: token ids inside the vocabulary and short enough for the model."""
 
     vocab_size: int
-    max_prompt_tokens: Optional[int]
+    max_prompt_tokens: int | None
     max_new_tokens: int
-    bos_token_id: Optional[int]
+    bos_token_id: int | None
     tokenizer: Any
     unit: str
 
@@ -97,7 +97,7 @@ class PromptTable:
         return digest.hexdigest()
 
 
-def _check_record(record, rules: RowRules) -> tuple[Optional[str], Any]:
+def _check_record(record, rules: RowRules) -> tuple[str | None, Any]:
     """Returns (what is wrong or None, the row id or None) for one parsed record."""
     if isinstance(record, Unreadable):
         return record.reason, None
@@ -126,7 +126,7 @@ def _check_record(record, rules: RowRules) -> tuple[Optional[str], Any]:
     return None, row_id
 
 
-def _not_text(value: str, name: str) -> Optional[str]:
+def _not_text(value: str, name: str) -> str | None:
     """What makes `value` something other than text, or None. JSON's `\\ud800` escapes decode to lone UTF-16
     surrogates, which no UTF-8 file or tokenizer can take."""
     try:
@@ -144,18 +144,18 @@ def _encode(texts: list[str], tokenizer) -> list:
     text only when that call fails, so one text the tokenizer refuses is one bad row, not an aborted job."""
     try:
         return tokenizer(texts, padding=False, return_tensors=None)["input_ids"]
-    except Exception:  # retried text by text below, where each failure becomes that text's row's reason
+    except Exception:  # noqa: BLE001 (retried text by text below: each failure becomes that row's reason)
         pass
     encoded = []
     for text in texts:
         try:
             encoded.append(tokenizer([text], padding=False, return_tensors=None)["input_ids"][0])
-        except Exception as error:  # whatever the tokenizer raises, it is about this text
+        except Exception as error:  # noqa: BLE001 (whatever the tokenizer raises, it is about this text)
             encoded.append(error)
     return encoded
 
 
-def _check_tokens(tokens: list, rules: RowRules) -> tuple[Optional[str], list]:
+def _check_tokens(tokens: list, rules: RowRules) -> tuple[str | None, list]:
     """Returns (what is wrong or None, the prompt ids to use); an empty prompt starts from bos."""
     outside = [t for t in tokens if not 0 <= t < rules.vocab_size]
     if outside:

@@ -10,7 +10,6 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -97,7 +96,7 @@ def _model_digest(model) -> str:
     return digest.hexdigest()
 
 
-def _tokenizer_digest(tokenizer) -> Optional[str]:
+def _tokenizer_digest(tokenizer) -> str | None:
     """sha256 of the files `tokenizer.save_pretrained` writes (vocabulary, merges, special tokens, padding
     side): it decodes the output's `text` and matches `stop_strings`. None without a tokenizer."""
     if tokenizer is None:
@@ -212,7 +211,7 @@ class BatchRunner:
             return tokens.tolist(), "eos"
         return tokens.tolist(), "length" if length == self.max_new_tokens else "stop"
 
-    def _request(self, table: Optional[PromptTable], group: Optional[Group], width: int) -> Request:
+    def _request(self, table: PromptTable | None, group: Group | None, width: int) -> Request:
         """The generate request of one group at `width` columns (`None`: a filler group whose rows generate
         nothing), every row with `max_new_tokens` to generate but the filler rows, which get 0."""
         rows = group.rows if group is not None else ()
@@ -232,7 +231,7 @@ class BatchRunner:
         budgets[: len(rows)] = self.max_new_tokens
         return request.with_budgets(budgets)
 
-    def _run_step(self, table: PromptTable, step: list[Optional[Group]]) -> list[list]:
+    def _run_step(self, table: PromptTable, step: list[Group | None]) -> list[list]:
         """Runs one group per replica; returns per group its rows' `(new tokens int32 [max_new_tokens], generated
         length)`."""
         width = step[0].width
@@ -247,7 +246,8 @@ class BatchRunner:
         # Strategies that return several rows per prompt (beams) put the chosen one first.
         rows_per_prompt = len(new_tokens) // self.replicas // requests[0].spec.batch_size
         results = []
-        for group, tokens, group_lengths in zip(step, np.split(new_tokens, self.replicas), np.split(lengths, self.replicas)):
+        per_replica = zip(step, np.split(new_tokens, self.replicas), np.split(lengths, self.replicas))
+        for group, tokens, group_lengths in per_replica:
             chosen = slice(0, len(group.rows) * rows_per_prompt if group is not None else 0, rows_per_prompt)
             results.append(list(zip(tokens[chosen, : self.max_new_tokens], group_lengths[chosen].tolist())))
         return results

@@ -64,11 +64,11 @@ def run(args) -> int:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
 
+    from tfgen.auto.models import load_generation_model
+    from tfgen.auto.tokenizer import AutoTokenizer
     from tfgen.batch import JobInterrupted, make_strategy, run_batch_job
     from tfgen.batch.joblock import OutputLock
     from tfgen.hub.pull import resolve_model_argument
-    from tfgen.auto.models import load_generation_model
-    from tfgen.auto.tokenizer import AutoTokenizer
 
     model_path = resolve_model_argument(args.model, progress=not args.no_progress)
     strategy = make_strategy(args.strategy, tpu=args.tpu)

@@ -1,11 +1,10 @@
-"""`tfgen export [--model PATH_OR_ID_OR_NAME] OUT_DIR`: write a TF Serving SavedModel with generate() in the graph (of the
-shipped model unless --model names another)."""
+"""`tfgen export [--model PATH_OR_ID_OR_NAME] OUT_DIR`: write a TF Serving SavedModel with generate() in the graph (of
+the shipped model unless --model names another)."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
 
 from tfgen.commands import add_model_argument, add_structured_arguments, check_option_flag, structured_options
 
@@ -127,18 +126,18 @@ def check_export_arguments(args) -> None:
 
 
 def export_model(
-    model_path: Optional[str], out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, **options
+    model_path: str | None, out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, **options
 ) -> str:
     """Exports the model at `model_path` (None: the shipped model) to `out_dir/<version>/` with `export_saved_model`
     and its `options`, adding generate_text when `text` is true, `signatures` allows it and a tokenizer sits next
     to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Returns the version
     folder."""
+    from tfgen.auto.models import load_generation_model
+    from tfgen.auto.tokenizer import AutoTokenizer
     from tfgen.export import export_saved_model
     from tfgen.gguf import is_gguf_path
     from tfgen.hub.pull import resolve_model_argument
-    from tfgen.auto.models import load_generation_model
     from tfgen.models.loading import resolve_model_directory
-    from tfgen.auto.tokenizer import AutoTokenizer
 
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.

@@ -57,11 +57,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
-    from tfgen.hub.pull import resolve_model_argument
     from tfgen.auto.models import load_generation_model
-    from tfgen.generation.streaming import TextStreamer
     from tfgen.auto.tokenizer import AutoTokenizer
+    from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
+    from tfgen.generation.streaming import TextStreamer
+    from tfgen.hub.pull import resolve_model_argument
 
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat (it is the system message of the chat)")

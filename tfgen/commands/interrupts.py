@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from os import _exit as exit_now  # public API despite the underscore: exit without cleanup, from any thread
-from typing import Optional
 
 # How long a raised KeyboardInterrupt may take to reach the command before it counts as lost and is raised again
 # (unwinding the stack through cleanup code takes far less).
@@ -42,7 +41,7 @@ class _Guard:
         self.lock = threading.Lock()
         self.signals = 0  # SIGINTs received (counted by the watcher, from the wakeup fd)
         self.injected = 0  # wakeup bytes written by our own re-deliveries, not by the user
-        self.raised_at: Optional[float] = None  # when the handler last raised KeyboardInterrupt
+        self.raised_at: float | None = None  # when the handler last raised KeyboardInterrupt
         self.taken = False  # the command has its KeyboardInterrupt (or ended): stop delivering
 
     @property

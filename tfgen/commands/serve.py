@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Optional
 
+# The scheduler's module imports numpy only, so `tfgen serve --help` stays TF-free.
+from tfgen.engine.scheduler import DEFAULT_STEPS_PER_CALL  # noqa: E402
 from tfgen.serving.options import (  # TF-free, so `tfgen serve --help` answers without TensorFlow
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
@@ -21,9 +22,6 @@ from tfgen.serving.options import (  # TF-free, so `tfgen serve --help` answers 
     check_server_options,
     grpc_available,
 )
-
-# The scheduler's module imports numpy only, so `tfgen serve --help` stays TF-free.
-from tfgen.engine.scheduler import DEFAULT_STEPS_PER_CALL  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +74,7 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def grpc_port(args) -> Optional[int]:
+def grpc_port(args) -> int | None:
     """The gRPC port to serve on (`--port`, else TF Serving's 8500), or None for REST only when the gRPC stubs are
     not installed and `--port` was not given (a warning says how to install them). ValueError for a bad port, or
     for an explicit `--port` without the stubs."""

@@ -323,7 +323,9 @@ class GenerationConfig:
         else:
             mode = GenerationMode.BEAM_SAMPLE if self.do_sample else GenerationMode.BEAM_SEARCH
         assisting = [option for option in ("prompt_lookup_num_tokens", "assistant_early_exit")
-                     if getattr(self, option) is not None] + (["assistant_model"] if assistant_model is not None else [])
+                     if getattr(self, option) is not None]
+        if assistant_model is not None:
+            assisting.append("assistant_model")
         base_mode = mode
         if assisting:
             if mode in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,10 +38,10 @@ class Knob:
     dtype: Any
     per_row: bool = True
     neutral: Any = 0
-    valid: Optional[Callable[[Any], Any]] = None
+    valid: Callable[[Any], Any] | None = None
     requirement: str = ""
     row_shape: tuple = ()
-    config_kind: Optional[type] = None
+    config_kind: type | None = None
     #: The value of a sampling warper: HF reads (and validates) it only when sampling, and a greedy row of a mixed
     #: batch holds its neutral value.
     warper: bool = False

@@ -8,7 +8,8 @@ Free of TensorFlow (the CLI imports the config without it).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tfgen.config.knobs import KNOBS
 from tfgen.value_types import is_integer, is_real

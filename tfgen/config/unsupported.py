@@ -7,7 +7,8 @@ happens when a config is used to generate or export (`tfgen.request.prepare.deco
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 
 class Refusal(NamedTuple):
@@ -52,7 +53,8 @@ REFUSED: dict[str, Refusal] = {
     "assistant_confidence_threshold": Refusal(_differs(0.4), _FIXED_DRAFTS),
     "assistant_lookbehind": Refusal(_differs(10), _ASSISTED),
     "target_lookbehind": Refusal(_differs(10), _ASSISTED),
-    "compile_config": Refusal(_not_none, "it configures torch.compile; tfgen compiles with XLA (generate's jit_compile=)"),
+    "compile_config": Refusal(_not_none,
+                              "it configures torch.compile; tfgen compiles with XLA (generate's jit_compile=)"),
     "disable_compile": Refusal(_true, "it configures torch.compile; pass jit_compile=False to generate instead"),
 }
 

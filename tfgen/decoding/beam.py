@@ -2,8 +2,8 @@
 strategy shares (`tfgen.decoding.group_beam` builds group beam search on it).
 
 All beams of all prompts decode together as `B * num_beams` rows grouped by prompt; the cache keeps that row count
-and is reordered with one `tf.gather` per step (leading axis = batch, see `tfgen.decoding.model_protocol`), so nothing is
-re-padded or re-shaped. Finished hypotheses live in static `[B, num_beams, ...]` buffers with their scores.
+and is reordered with one `tf.gather` per step (leading axis = batch, see `tfgen.decoding.model_protocol`), so nothing
+is re-padded or re-shaped. Finished hypotheses live in static `[B, num_beams, ...]` buffers with their scores.
 
 A few static sizes differ from HF's while giving its results: HF keeps `max(2, 1 + n_eos) * num_beams`
 candidates per step, where `n_eos` is only known at run time here (eos ids are a padded tensor), so the loop
@@ -17,6 +17,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tfgen.config.knobs import KNOBS, repeat_per_row
+from tfgen.decoding.loop import DecodingLoop
+from tfgen.decoding.random import uniform_per_element
 from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
@@ -31,12 +34,9 @@ from tfgen.decoding.state import (
     size_of,
     write_at,
 )
-from tfgen.decoding.loop import DecodingLoop
-from tfgen.config.knobs import KNOBS, repeat_per_row
-from tfgen.logits.pipeline import apply_processors
-from tfgen.decoding.random import uniform_per_element
-from tfgen.stopping.criteria import stopped_rows
 from tfgen.logits import grammar
+from tfgen.logits.pipeline import apply_processors
+from tfgen.stopping.criteria import stopped_rows
 
 # HF's offset for "this candidate may not be chosen" (added, so ruled-out candidates keep their order).
 IMPOSSIBLE = -1.0e9
@@ -114,7 +114,7 @@ class StoppingRules(NamedTuple):
     bounds_by_budget: tf.Tensor  # bool [B]: the best attainable length is the budget ("never", positive penalty)
 
     @classmethod
-    def from_knobs(cls, inputs: DecodeInputs) -> "StoppingRules":
+    def from_knobs(cls, inputs: DecodeInputs) -> StoppingRules:
         length_penalty = tf.convert_to_tensor(inputs.knobs["length_penalty"], tf.float64)
         early_stopping = tf.convert_to_tensor(inputs.knobs["early_stopping"], tf.int32)
         return cls(length_penalty, early_stopping == _WHEN_FULL, (early_stopping == _NEVER) & (length_penalty > 0.0))
@@ -215,7 +215,7 @@ class BeamLoopBase(DecodingLoop):
         raise NotImplementedError
 
     @staticmethod
-    def _sizes(inputs: DecodeInputs, decode: DecodeState) -> "_StepSizes":
+    def _sizes(inputs: DecodeInputs, decode: DecodeState) -> _StepSizes:
         """What every beam step derives from its inputs and state (static where the trace knows them)."""
         batch_size = size_of(inputs.input_ids, 0)
         return _StepSizes(

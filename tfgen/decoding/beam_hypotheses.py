@@ -24,7 +24,7 @@ class HypothesisList(NamedTuple):
     count: tf.Tensor
 
     @classmethod
-    def from_pool(cls, scores: tf.Tensor, count: tf.Tensor) -> "HypothesisList":
+    def from_pool(cls, scores: tf.Tensor, count: tf.Tensor) -> HypothesisList:
         """The list whose entries are pool items `0 .. K-1` (a kept list, first in the pool)."""
         return cls(scores, tf.broadcast_to(tf.range(tf.shape(scores)[1]), tf.shape(scores)), count)
 
@@ -33,7 +33,7 @@ class HypothesisList(NamedTuple):
         used = tf.range(tf.shape(self.scores)[1])[None] < self.count[:, None]
         return tf.reduce_min(tf.where(used, self.scores, float("inf")), axis=1)
 
-    def add(self, offered: tf.Tensor, score: tf.Tensor, pool_id) -> "HypothesisList":
+    def add(self, offered: tf.Tensor, score: tf.Tensor, pool_id) -> HypothesisList:
         """HF's `BeamHypotheses.add` of one candidate per prompt: `offered` bool `[B]`, `score` float64 `[B]`,
         `pool_id` its pool index (int32 scalar or `[B]`)."""
         beams = self.scores.shape[1]
@@ -55,7 +55,7 @@ class HypothesisList(NamedTuple):
         return HypothesisList(*(tf.where(enter[:, None] if new.shape.rank == 2 else enter, new, old)
                                 for new, old in zip(added, self)))
 
-    def add_all(self, offered: tf.Tensor, scores: tf.Tensor, first_id: int) -> "HypothesisList":
+    def add_all(self, offered: tf.Tensor, scores: tf.Tensor, first_id: int) -> HypothesisList:
         """`add` of candidates `[B, P]` in order, pool indices `first_id + j` (one small loop: a compiled program
         stays the same size whatever P)."""
         def body(index, hypotheses):

@@ -19,7 +19,6 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgen.decoding.constraints import constraint_tables
 from tfgen.decoding.beam import (
     IMPOSSIBLE,
     BeamLoopBase,
@@ -29,8 +28,9 @@ from tfgen.decoding.beam import (
     static_candidates,
 )
 from tfgen.decoding.beam_hypotheses import HypothesisList
-from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
 from tfgen.decoding.constraint_states import ConstraintGraph, Progress, gather_progress, select_progress
+from tfgen.decoding.constraints import constraint_tables
+from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
 from tfgen.logits.pipeline import apply_processors
 
 
@@ -52,8 +52,8 @@ class ConstrainedBeamSearchLoop(BeamLoopBase):
 
     def __init__(self, model, spec):
         super().__init__(model, spec)
-        # `tfgen.request.prepare.decode_spec` (the one maker of a `DecodeSpec`) has checked the tables' token ids against the
-        # vocabulary and refused stopping criteria.
+        # `tfgen.request.prepare.decode_spec` (the one maker of a `DecodeSpec`) has checked the tables' token ids
+        # against the vocabulary and refused stopping criteria.
         self.graph_tables = spec.option("constraints")
 
     def _initial_search(self, inputs: DecodeInputs, decode: DecodeState) -> ConstrainedSearch:

@@ -13,6 +13,9 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tfgen.config.knobs import KNOBS
+from tfgen.decoding.loop import DecodingLoop
+from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
@@ -25,9 +28,6 @@ from tfgen.decoding.state import (
     softmax_limit,
     write_at,
 )
-from tfgen.decoding.loop import DecodingLoop
-from tfgen.decoding.model_protocol import capabilities
-from tfgen.config.knobs import KNOBS
 from tfgen.logits.pipeline import apply_processors
 from tfgen.value_types import is_integer
 

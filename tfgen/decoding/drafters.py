@@ -21,7 +21,7 @@ The model drafters choose greedily, or sample from their processed distribution 
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -48,7 +48,7 @@ class Draft(NamedTuple):
     state: the drafter's state for the next round."""
 
     tokens: tf.Tensor
-    probs: Optional[tf.Tensor]
+    probs: tf.Tensor | None
     cache: object
     state: object
 

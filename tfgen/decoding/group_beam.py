@@ -7,6 +7,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tfgen.config.knobs import KNOBS
 from tfgen.decoding.beam import (
     IMPOSSIBLE,
     BeamLoopBase,
@@ -16,7 +17,6 @@ from tfgen.decoding.beam import (
     static_candidates,
 )
 from tfgen.decoding.state import DecodeInputs, DecodeState, is_eos, processor_context, size_of, write_at
-from tfgen.config.knobs import KNOBS
 from tfgen.logits.pipeline import apply_processors
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import tensorflow as tf
 
@@ -41,8 +41,8 @@ class DecodeSpec:
     buffer_new_tokens: int
     processor_spec: ProcessorSpec
     knob_layout: tuple
-    batch_size: Optional[int] = None
-    prompt_width: Optional[int] = None
+    batch_size: int | None = None
+    prompt_width: int | None = None
     output_scores: bool = False
     output_logits: bool = False
     user_processors: tuple = dataclasses.field(default=(), compare=False, repr=False)
@@ -54,10 +54,10 @@ class DecodeSpec:
     stopping_criteria_ids: tuple = ()
     #: The assistant model of assisted generation (compared by identity, `assistant_id`), or None.
     assistant: Any = dataclasses.field(default=None, compare=False, repr=False)
-    assistant_id: Optional[int] = None
+    assistant_id: int | None = None
     #: An encoder-decoder model's encoder input columns (`DecodeInputs.encoder`; None: decoder-only, or any width in
     #: an export).
-    encoder_width: Optional[int] = None
+    encoder_width: int | None = None
     #: Whether the encoder's output comes with the inputs (`EncoderInputs.hidden_states`) rather than being computed
     #: in the program.
     encoder_states_given: bool = False
@@ -82,11 +82,11 @@ class DecodingLoop:
         self.step_model = model
         self.spec = spec
 
-    def head_rows(self, batch_rows: Optional[int]) -> Optional[int]:
+    def head_rows(self, batch_rows: int | None) -> int | None:
         """How many rows each step's LM head computes for `batch_rows` prompts (None: unknown)."""
         return None if batch_rows is None else batch_rows * self.rows_per_prompt
 
-    def with_decoding_view(self, batch_rows: Optional[int]) -> "DecodingLoop":
+    def with_decoding_view(self, batch_rows: int | None) -> DecodingLoop:
         """A copy whose steps use `model.decoding_view` (see `tfgen.decoding.model_protocol`); computed in the program,
         once per run."""
         loop = copy.copy(self)

@@ -9,7 +9,7 @@ different times (`tfgen.engine.slot_programs.SlotPrograms`). Loops whose rows al
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -32,7 +32,7 @@ class RowTokens(NamedTuple):
 
 
 def commit_per_row(rows: RowTokens, tokens: tf.Tensor, columns: tf.Tensor, active: tf.Tensor, scores: tf.Tensor, *,
-                   eos_token_ids: tf.Tensor, budget: tf.Tensor, stop_strings: Optional[StopStringTables],
+                   eos_token_ids: tf.Tensor, budget: tf.Tensor, stop_strings: StopStringTables | None,
                    stopping_criteria: tuple, start, pad_token_id) -> RowTokens:
     """`rows` with `tokens` int32 `[R]` committed to the `active` rows (bool `[R]`; the others are left as they are).
 

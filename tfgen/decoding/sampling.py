@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfgen.decoding.loop import DecodingLoop
 from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
@@ -13,7 +14,6 @@ from tfgen.decoding.state import (
     processor_context,
     sample_from_scores,
 )
-from tfgen.decoding.loop import DecodingLoop
 from tfgen.logits.pipeline import apply_processors
 
 

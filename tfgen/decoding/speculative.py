@@ -22,6 +22,19 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tfgen.config.knobs import repeat_per_row
+from tfgen.decoding.drafters import (
+    AssistantDrafter,
+    EarlyExitDrafter,
+    PromptLookupDrafter,
+    block_mask,
+    draft_context,
+    write_row_columns,
+)
+from tfgen.decoding.loop import DecodingLoop
+from tfgen.decoding.model_protocol import capabilities
+from tfgen.decoding.random import uniform_per_row
+from tfgen.decoding.rows import RowTokens, commit_per_row
 from tfgen.decoding.state import (
     DecodeInputs,
     DecodeState,
@@ -33,20 +46,7 @@ from tfgen.decoding.state import (
     size_of,
     softmax_limit,
 )
-from tfgen.decoding.drafters import (
-    AssistantDrafter,
-    EarlyExitDrafter,
-    PromptLookupDrafter,
-    block_mask,
-    draft_context,
-    write_row_columns,
-)
-from tfgen.decoding.loop import DecodingLoop
-from tfgen.decoding.model_protocol import capabilities
-from tfgen.decoding.rows import RowTokens, commit_per_row
-from tfgen.config.knobs import repeat_per_row
 from tfgen.logits.pipeline import apply_processors
-from tfgen.decoding.random import uniform_per_row
 
 #: Philox stream of the acceptance test of the speculative sampling rule (0: token draws, 1: drafter draws).
 ACCEPT_STREAM = 2
@@ -162,7 +162,8 @@ class SpeculativeLoop(DecodingLoop):
         draft = self.drafter.draft(inputs, decode, state.drafter, slots)
         pending = tf.gather(decode.sequences, slots[:, tf.newaxis], axis=1, batch_dims=1)
         out = self.step_model.call_with_cache(
-            tf.concat([pending, draft.tokens], axis=1), draft.cache, slots, block_mask(decode.buffer_mask, slots, k + 1),
+            tf.concat([pending, draft.tokens], axis=1), draft.cache, slots,
+            block_mask(decode.buffer_mask, slots, k + 1),
             decode.next_position[:, tf.newaxis] + tf.range(k + 1)[tf.newaxis],
         )
         logits = tf.cast(out.logits, tf.float32)  # [B, k + 1, V]
@@ -272,10 +273,11 @@ def check_assisted(model, assistant_model, config, user_processors) -> None:
     for name, net in (("model", model), ("assistant_model", assistant_model)):
         if net is not None and not capabilities(net).row_cache_index:
             raise ValueError(f"{name}: {type(net).__name__} does not declare `row_cache_index = True` (a "
-                             "call_with_cache taking one cache slot per row, `tfgen.decoding.model_protocol`), which assisted "
-                             "generation needs.")
+                             "call_with_cache taking one cache slot per row, `tfgen.decoding.model_protocol`), which "
+                             "assisted generation needs.")
     if assistant_model is not None:
-        chosen = [name for name in ("prompt_lookup_num_tokens", "assistant_early_exit") if getattr(config, name) is not None]
+        chosen = [name for name in ("prompt_lookup_num_tokens", "assistant_early_exit")
+                  if getattr(config, name) is not None]
         if chosen:
             raise ValueError(f"assistant_model: choose one drafter; {chosen[0]} is set too.")
         ours, theirs = int(model.config.vocab_size), int(assistant_model.config.vocab_size)

@@ -9,10 +9,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.decoding.model_protocol import capabilities
-from tfgen.logits.context import ProcessorContext
 from tfgen.decoding.random import uniform_per_row
-from tfgen.stopping.criteria import stopped_rows
 from tfgen.logits import grammar
+from tfgen.logits.context import ProcessorContext
+from tfgen.stopping.criteria import stopped_rows
 
 
 class EncoderInputs(NamedTuple):
@@ -154,7 +154,8 @@ def prompt_buffers(input_ids: tf.Tensor, attention_mask: tf.Tensor, new_columns,
     )
 
 
-def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_scores=False, output_logits=False) -> Prefill:
+def prefill(model, inputs: DecodeInputs, buffer_new_tokens: int, *, output_scores=False,
+            output_logits=False) -> Prefill:
     """Allocates the static buffers (`T + buffer_new_tokens` slots) and runs the whole prompt at once."""
     # Dynamic sizes (constants under a fixed-shape trace), so an exported signature can leave batch and
     # prompt length as None.
@@ -249,7 +250,8 @@ def processor_context(inputs: DecodeInputs, sequences: tf.Tensor, step, copies: 
 def encoder_input_ids(inputs: DecodeInputs) -> tf.Tensor:
     """int32 `[B, S]`: HF's `encoder_input_ids` — the encoder input of an encoder-decoder model, else the prompt (HF
     applies `encoder_repetition_penalty` to a decoder-only model's prompt) — with -1 in the bucket columns."""
-    ids, start = (inputs.encoder.input_ids, inputs.encoder.start) if inputs.encoder else (inputs.input_ids, inputs.start)
+    source = inputs.encoder if inputs.encoder else inputs
+    ids, start = source.input_ids, source.start
     return tf.where(tf.range(tf.shape(ids)[1])[None, :] >= start, ids, -1)
 
 
@@ -266,7 +268,8 @@ def forward_last_tokens(model, state: DecodeState, prompt_width) -> DecodeState:
     )
 
 
-def commit_tokens(state: DecodeState, inputs: DecodeInputs, tokens: tf.Tensor, processed: tf.Tensor, spec) -> DecodeState:
+def commit_tokens(state: DecodeState, inputs: DecodeInputs, tokens: tf.Tensor, processed: tf.Tensor,
+                  spec) -> DecodeState:
     """Writes the chosen `tokens` int32 `[R]` at step `state.step` (pad in rows already finished), marks rows
     finished that hit eos, spent their budget or meet a stopping criterion of `spec` (a `DecodeSpec`), records
     the step's scores and advances `step`."""

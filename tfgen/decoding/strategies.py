@@ -8,12 +8,19 @@ declarations; none of them keeps lists of modes. Adding a strategy is its loop c
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from tfgen.config.generation_config import GenerationConfig, GenerationMode
-from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, BeamSearchLoop, beam_knobs, beam_options, length_penalty_fits
+from tfgen.decoding.beam import (
+    LENGTH_PENALTY_EXPONENT_LIMIT,
+    BeamSearchLoop,
+    beam_knobs,
+    beam_options,
+    length_penalty_fits,
+)
 from tfgen.decoding.constrained_beam import ConstrainedBeamSearchLoop, constrained_options
 from tfgen.decoding.constraints import check_constraint_vocabulary
 from tfgen.decoding.contrastive import ContrastiveSearchLoop, contrastive_knobs, contrastive_options
@@ -30,7 +37,7 @@ class StrategyRequest(NamedTuple):
     config: GenerationConfig
     options: dict
     vocab_size: int
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: int | None = None
 
 
 def _no_knobs(config: GenerationConfig, batch_size: int) -> dict[str, np.ndarray]:
@@ -76,15 +83,15 @@ class DecodingStrategy:
     cache_rows_per_prompt: Callable[[GenerationConfig], int] = _one_row
     rows_named: str = "rows"
     check: Callable[[StrategyRequest], None] = _no_check
-    check_model: Optional[Callable] = None
+    check_model: Callable | None = None
     grammar: bool = False
     encoder_decoder: bool = True
     stop_strings: bool = True
     stopping_criteria: bool = True
     limits: str = ""
     streamable: bool = False
-    exportable: Optional[Callable[[GenerationConfig], bool]] = None
-    slot_sampling: Optional[bool] = None
+    exportable: Callable[[GenerationConfig], bool] | None = None
+    slot_sampling: bool | None = None
 
     def make_loop(self, model, spec: DecodeSpec) -> DecodingLoop:
         return self.loop(model, spec)

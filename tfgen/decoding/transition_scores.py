@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -13,7 +13,7 @@ def compute_transition_scores(
     beam_indices=None,
     normalize_logits: bool = False,
     *,
-    input_length: Optional[int] = None,
+    input_length: int | None = None,
 ) -> tf.Tensor:
     """The score each step gave to the token that was chosen: float32 `[rows, steps]`.
 

@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -61,18 +60,18 @@ class Row:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    listener: Optional[queue.SimpleQueue] = None
+    listener: queue.SimpleQueue | None = None
     tokens: list = dataclasses.field(default_factory=list)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    error: Optional[BaseException] = None
+    error: BaseException | None = None
     cancelled: bool = False
-    slot: Optional[int] = None
+    slot: int | None = None
 
     @property
     def width(self) -> int:
         return int(len(self.input_ids))
 
-    def wait(self, timeout: Optional[float] = None) -> list:
+    def wait(self, timeout: float | None = None) -> list:
         """The row's new tokens once it ended; EngineStopped when it could not finish, TimeoutError after
         `timeout` seconds."""
         if not self.done.wait(timeout):
@@ -92,7 +91,7 @@ class SlotEngine:
     beyond it.
     """
 
-    def __init__(self, programs, *, steps_per_call: int = DEFAULT_STEPS_PER_CALL, max_queue: Optional[int] = None):
+    def __init__(self, programs, *, steps_per_call: int = DEFAULT_STEPS_PER_CALL, max_queue: int | None = None):
         for name, value in (("steps_per_call", steps_per_call), ("max_queue", max_queue)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -101,11 +100,11 @@ class SlotEngine:
         self.steps_per_call = steps_per_call
         self.max_queue = max_queue or DEFAULT_QUEUE_PER_SLOT * self.slots
         self._waiting: deque[Row] = deque()
-        self._owners: list[Optional[Row]] = [None] * self.slots
+        self._owners: list[Row | None] = [None] * self.slots
         self._condition = threading.Condition()
         self._closed = False
-        self._thread: Optional[threading.Thread] = None
-        self._state: Optional[SlotState] = None
+        self._thread: threading.Thread | None = None
+        self._state: SlotState | None = None
         #: Calls made so far (for tests and the benchmark): inserts, steps, rows admitted.
         self.counts = {"insert": 0, "steps": 0, "rows": 0}
 
@@ -274,7 +273,7 @@ class SlotEngine:
             self._end(row, None)
 
     @staticmethod
-    def _end(row: Row, error: Optional[BaseException]) -> None:
+    def _end(row: Row, error: BaseException | None) -> None:
         if row.done.is_set():
             return
         row.error = error

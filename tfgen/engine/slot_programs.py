@@ -22,7 +22,7 @@ programs hold it typed.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -49,7 +49,7 @@ class SlotPrograms:
     """
 
     def __init__(self, model, spec, knobs: dict, *, pad_token_id: int, slots: int, length: int, budget_cap: int,
-                 max_positions: Optional[int] = None):
+                 max_positions: int | None = None):
         offers = capabilities(model)
         if not offers.row_cache_index:
             raise ValueError(f"model: {type(model).__name__} does not declare `row_cache_index = True` (a "
@@ -166,7 +166,7 @@ class SlotPrograms:
     # ------------------------------------------------------------------------------------------------------
     # steps
 
-    def steps(self, state: SlotState, max_steps, release, rows: Optional[int] = None) -> SlotState:
+    def steps(self, state: SlotState, max_steps, release, rows: int | None = None) -> SlotState:
         """Ends the slots where `release` (bool `[S]`) is true, then runs up to `max_steps` (int32 scalar) tokens
         of every running slot, stopping early once every slot finished. Returns the state.
 

@@ -6,7 +6,8 @@ state; only the signature boundary converts (`SlotState.to_flat` / `SlotState.fr
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Optional
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -56,7 +57,7 @@ class SlotState(NamedTuple):
         return flat
 
     @classmethod
-    def from_flat(cls, flat: Mapping, cache_structure: Optional[Any] = None) -> "SlotState":
+    def from_flat(cls, flat: Mapping, cache_structure: Any | None = None) -> SlotState:
         """The state of `flat` (`to_flat`'s form). The cache leaves are packed as `cache_structure` (a nest with as
         many leaves: the model's) or, when it is None, kept as a tuple in leaf order — which `to_flat` turns back
         into the same names."""

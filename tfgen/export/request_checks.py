@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
 from tfgen.config.knobs import declared
+from tfgen.decoding.beam import LENGTH_PENALTY_EXPONENT_LIMIT, length_penalty_fits
 
 
 def request_checks(input_ids, attention_mask, inputs: dict, row_inputs, *, vocab_size: int, max_positions,

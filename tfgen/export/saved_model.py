@@ -17,30 +17,38 @@ import os
 import shutil
 import tempfile
 import warnings
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tfgen.config.generation_config import GenerationConfig
+from tfgen.config.knobs import KNOBS, declared
 from tfgen.decoding.loop import DecodeSpec, generate_all
 from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.strategies import described, make_loop, modes_that, strategy_for
-from tfgen.request.encoder import decoder_start_token_ids
-from tfgen.export.signature_inputs import signature_run
-from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.portable import WithoutStaticTokenCount, model_variables, xla_only_ops
 from tfgen.export.request_checks import request_checks
+from tfgen.export.signature_inputs import signature_run
+from tfgen.export.signatures import DEFAULT_MAX_NEW_TOKENS, SIGNATURES, ExportChoices, SignatureSpec, export_choices
 from tfgen.export.slot_signatures import export_slot_programs, slot_functions, slot_info
-from tfgen.export.structured_inputs import (STRUCTURED_SIGNATURE, STRUCTURED_SPEC, check_structured_inputs,
-                                            constrain_export, constraint_info, constraint_line, placeholder_tables,
-                                            table_checks, table_shapes)
+from tfgen.export.structured_inputs import (
+    STRUCTURED_SIGNATURE,
+    STRUCTURED_SPEC,
+    check_structured_inputs,
+    constrain_export,
+    constraint_info,
+    constraint_line,
+    placeholder_tables,
+    table_checks,
+    table_shapes,
+)
 from tfgen.export.text_graph import text_signature_functions
 from tfgen.export.warmup import WARMUP_FILE, warmup_prompt_tokens, warmup_requests, write_warmup_requests
-from tfgen.config.knobs import KNOBS, declared
 from tfgen.logits.pipeline import resolve_processors
+from tfgen.request.encoder import decoder_start_token_ids
 from tfgen.request.prepare import base_config, pad_token_id_of, refuse_whole_call_options
-from tfgen.request.spec import decode_spec, knob_values
 from tfgen.request.size import check_request_fits
+from tfgen.request.spec import decode_spec, knob_values
 from tfgen.structured.automaton import constraint_automaton
 from tfgen.value_types import is_integer
 
@@ -52,24 +60,24 @@ EXPORT_INFO_FILE = "tfgen_export.json"
 def export_saved_model(
     model,
     export_dir: str | os.PathLike,
-    generation_config: Optional[GenerationConfig] = None,
+    generation_config: GenerationConfig | None = None,
     *,
-    max_new_tokens: Optional[int] = None,
+    max_new_tokens: int | None = None,
     version: int = 1,
     jit_compile: bool = True,
-    signatures: Optional[Sequence[str]] = None,
+    signatures: Sequence[str] | None = None,
     tokenizer=None,
     text: bool = True,
-    num_beams: Optional[int] = None,
-    contrastive_top_k: Optional[int] = None,
-    prompt_lookup_num_tokens: Optional[int] = None,
-    max_matching_ngram_size: Optional[int] = None,
-    stop_strings: Optional[Sequence[str]] = None,
-    slots: Optional[int] = None,
-    slot_length: Optional[int] = None,
-    regex: Optional[str] = None,
+    num_beams: int | None = None,
+    contrastive_top_k: int | None = None,
+    prompt_lookup_num_tokens: int | None = None,
+    max_matching_ngram_size: int | None = None,
+    stop_strings: Sequence[str] | None = None,
+    slots: int | None = None,
+    slot_length: int | None = None,
+    regex: str | None = None,
     json_schema=None,
-    structured_inputs: Optional[Sequence[int]] = None,
+    structured_inputs: Sequence[int] | None = None,
 ) -> str:
     """Writes `export_dir/<version>/`, a SavedModel whose signatures run the whole generation loop.
 
@@ -252,7 +260,7 @@ class _Exporter:
 
     def __init__(
         self, model, config: GenerationConfig, buffer_new_tokens: int, jit_compile: bool, tokenizer,
-        text_signature: bool, choices: ExportChoices, table_shapes: Optional[dict] = None, *,
+        text_signature: bool, choices: ExportChoices, table_shapes: dict | None = None, *,
         encoder_decoder: bool = False,
     ):
         self.model = model if jit_compile else WithoutStaticTokenCount(model)

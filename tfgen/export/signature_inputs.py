@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfgen.decoding.state import DecodeInputs, EncoderInputs
 from tfgen.config.knobs import KNOBS
 from tfgen.decoding.random import derive_seeds, philox4x32
+from tfgen.decoding.state import DecodeInputs, EncoderInputs
 
 # Fixed Philox key of `default_row_seeds`: the same prompt samples the same tokens in every export.
 _PROMPT_HASH_KEY = (0x2545F491, 0x6A09E667)

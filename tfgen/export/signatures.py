@@ -7,7 +7,7 @@ signature from its entry; a new decoding strategy becomes a new entry here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 # Used when neither the caller nor the generation config sets max_new_tokens (HF's default length of 20).
 DEFAULT_MAX_NEW_TOKENS = 20

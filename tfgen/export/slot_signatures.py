@@ -102,8 +102,9 @@ def slot_info(programs: SlotPrograms, config) -> dict:
     sizes, the pad id, and the config's sampling defaults (what `serving_default` / `generate_text` decode with)."""
     defaults = {name: programs.row_knobs[name].item() for name in REQUEST_KNOBS if name in programs.row_knobs}
     return {
-        "slots": programs.slots, "length": programs.length, "row_buckets": programs.row_buckets(), "max_new_tokens": programs.budget_cap,
-        "pad_token_id": programs.pad_token_id, "vocab_size": programs.vocab_size, "max_positions": programs.max_positions,
+        "slots": programs.slots, "length": programs.length, "row_buckets": programs.row_buckets(),
+        "max_new_tokens": programs.budget_cap, "pad_token_id": programs.pad_token_id, "vocab_size": programs.vocab_size,
+        "max_positions": programs.max_positions,
         "serving_default_mode": config.get_generation_mode().value, "knobs": defaults,
     }
 

@@ -22,12 +22,10 @@ TF-free at import (TensorFlow is imported inside the functions that build graph 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
-from tfgen.export.signatures import SIGNATURES, SignatureSpec
 from tfgen.config.knobs import KNOBS
+from tfgen.export.signatures import SIGNATURES, SignatureSpec
 from tfgen.structured.automaton import structured_option
 
 STRUCTURED_SIGNATURE = "structured"
@@ -51,7 +49,7 @@ STRUCTURED_SPEC = SignatureSpec(
 )
 
 
-def check_structured_inputs(structured_inputs) -> Optional[tuple[int, int]]:
+def check_structured_inputs(structured_inputs) -> tuple[int, int] | None:
     """`(states, classes)` of `structured_inputs` (None: no structured signature). ValueError unless two integers
     >= 2 whose table fits `MAX_TABLE_ENTRIES`."""
     if structured_inputs is None:
@@ -78,7 +76,7 @@ def placeholder_tables(shapes: dict[str, tuple]) -> dict[str, np.ndarray]:
     return {name: np.zeros(shape, KNOBS[name].dtype) for name, shape in shapes.items()}
 
 
-def structured_tables(automaton, states: int, classes: int, vocab_size: Optional[int] = None) -> dict[str, np.ndarray]:
+def structured_tables(automaton, states: int, classes: int, vocab_size: int | None = None) -> dict[str, np.ndarray]:
     """A `tfgen.structured.automaton.TokenAutomaton`'s tables padded to an export's `states` x `classes` (the
     `structured` signature's inputs; `tfgen_export.json` gives the sizes under "structured_inputs"). ValueError
     when the automaton has more states or classes, or (with `vocab_size`) was built for another vocabulary size.

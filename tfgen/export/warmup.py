@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -44,7 +43,7 @@ def warmup_prompt(vocab_size: int, prompt_tokens: int = WARMUP_PROMPT_TOKENS) ->
     return (first + np.arange(prompt_tokens) % 2) % vocab_size
 
 
-def warmup_text(tokenizer, vocab_size: int, prompt_tokens: int = WARMUP_PROMPT_TOKENS) -> Optional[str]:
+def warmup_text(tokenizer, vocab_size: int, prompt_tokens: int = WARMUP_PROMPT_TOKENS) -> str | None:
     """A text whose tokens the model takes: `WARMUP_TEXT` when the tokenizer encodes it back to itself with ids
     below `vocab_size`, else the decoded warm-up prompt (a tokenizer trained without those characters drops them,
     and the graph's tokenizer would give ids out of range); None when neither does."""
@@ -99,11 +98,11 @@ def warmup_inputs(input_specs: dict, vocab_size: int, prompt_tokens: int = WARMU
                 raise ValueError(f"input_specs: no warm-up value for the input {name!r}") from None
             if not declared(name).per_row:  # a shared knob of fixed shape (a structured signature's tables)
                 value = np.broadcast_to(value, spec.shape.as_list())
-        inputs[name] = value if dtype == object else np.asarray(value).astype(dtype)
+        inputs[name] = value if dtype == object else np.asarray(value).astype(dtype)  # noqa: E721 (a numpy dtype)
     return inputs
 
 
-def warmup_prompt_tokens(max_positions: Optional[int], buffer_new_tokens: int) -> int:
+def warmup_prompt_tokens(max_positions: int | None, buffer_new_tokens: int) -> int:
     """The warm-up prompt's length: `WARMUP_PROMPT_TOKENS`, fewer when prompt plus buffer would not fit the
     model's positions (at least 1)."""
     if max_positions is None:
@@ -123,7 +122,7 @@ def write_warmup_requests(path: str, requests, model_name: str = "") -> int:
 
 
 def prediction_log_bytes(signature_name: str, inputs: dict, model_name: str = "", *,
-                         official: Optional[bool] = None) -> bytes:
+                         official: bool | None = None) -> bytes:
     """One serialized `PredictionLog` holding a `PredictRequest` for `signature_name` with `inputs` as
     TensorProtos. official: True uses tensorflow-serving-api's protos, False the wire format below, None the
     protos when installed."""
@@ -145,7 +144,7 @@ def prediction_log_bytes(signature_name: str, inputs: dict, model_name: str = ""
     return _field(_PREDICT_LOG, _field(1, _field(1, spec) + entries))
 
 
-def read_warmup_requests(path: str, *, official: Optional[bool] = None) -> list[tuple[str, dict]]:
+def read_warmup_requests(path: str, *, official: bool | None = None) -> list[tuple[str, dict]]:
     """The `(signature name, {input name: numpy array})` of each predict record in a warm-up file (other kinds
     of records are skipped). official: as in `prediction_log_bytes`."""
     protos = _serving_protos() if official is not False else None

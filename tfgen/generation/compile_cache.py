@@ -50,7 +50,6 @@ import secrets
 import shutil
 import threading
 from pathlib import Path
-from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +70,10 @@ _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "fl
                "CPU architecture", "CPU variant", "CPU part")
 
 _configured = False
-_directory: Optional[str] = None
-_configured_pid: Optional[int] = None
+_directory: str | None = None
+_configured_pid: int | None = None
 # Why the cache is off although enabled (its folder cannot be created): warned by start(), not on import.
-_off_reason: Optional[str] = None
+_off_reason: str | None = None
 _started = False
 _start_lock = threading.Lock()
 
@@ -103,7 +102,7 @@ def store_directory() -> Path:
     return cache_root() / "xla" / _fingerprint()
 
 
-def configure() -> Optional[str]:
+def configure() -> str | None:
     """Chooses this process's private cache directory and points TensorFlow's persistent compilation cache at it
     (`TF_XLA_FLAGS`), creating nothing: `start()` creates the directory when tfgen makes its first compiled program.
 
@@ -119,7 +118,7 @@ def configure() -> Optional[str]:
     return _directory
 
 
-def _configure() -> tuple[Optional[str], Optional[str]]:
+def _configure() -> tuple[str | None, str | None]:
     """`(private directory, None)` with the flag set, else `(None, why the cache is off)` (None: turned off or the
     user's own directory)."""
     flags = _user_xla_flags()
@@ -321,7 +320,7 @@ def _stored_entries(store: Path) -> list[tuple[Path, str, str]]:
     return [entry[1:] for entry in sorted(entries, reverse=True)]
 
 
-def _digest(path: Path) -> Optional[str]:
+def _digest(path: Path) -> str | None:
     """The file's SHA-256 in hex, or None when it is gone."""
     try:
         with open(path, "rb") as file:

@@ -8,7 +8,7 @@ A call goes config → request (`tfgen.request.prepare`: checks, buckets, the st
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -17,10 +17,9 @@ from tfgen.decoding.strategies import strategy_for
 from tfgen.decoding.transition_scores import compute_transition_scores
 from tfgen.generation.outputs import package_outputs
 from tfgen.generation.programs import ChunkedProgram, announce_compile, encode_ahead, generate_program, program_cache
+from tfgen.generation.streaming import BaseStreamer, TokenCallbackStreamer
 from tfgen.request.buckets import DEFAULT_BUCKETS, BucketPolicy
 from tfgen.request.prepare import Request, prepare_request
-from tfgen.generation.streaming import BaseStreamer, TokenCallbackStreamer
-
 
 #: Decode steps per compiled chunk when `max_time` is set without a streamer: the clock is read between chunks.
 MAX_TIME_CHUNK_STEPS = 8
@@ -40,12 +39,12 @@ class TFGenerationMixin:
     def generate(
         self,
         inputs=None,
-        generation_config: Optional[GenerationConfig] = None,
-        logits_processor: Optional[Sequence[Callable]] = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: Sequence[Callable] | None = None,
         seed=None,
         jit_compile: bool = True,
         streamer=None,
-        stopping_criteria: Optional[Sequence[Callable]] = None,
+        stopping_criteria: Sequence[Callable] | None = None,
         tokenizer=None,
         **kwargs,
     ):
@@ -69,7 +68,8 @@ class TFGenerationMixin:
             seed: `[2]` ints for the whole batch (row `i` uses a key derived from it and `i`) or `[batch, 2]`, one
                 per row. A row's tokens depend on its own key only. Without a seed, sampling draws fresh entropy.
             jit_compile: True (default) runs one cached XLA program; False runs the same loop eagerly (debugging).
-            streamer: a `tfgen.generation.streaming.BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`, ...) or a callable
+            streamer: a `tfgen.generation.streaming.BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`, ...) or a
+            callable
                 `fn(token_ids [batch])` called once per generated step. The loop then runs in compiled chunks of
                 `streamer.chunk_steps` steps, keeping the cache on the device, and hands each chunk's tokens over;
                 the tokens are the same as without a streamer. Greedy search, sampling and contrastive search
@@ -125,7 +125,7 @@ class TFGenerationMixin:
             sequences, scores, beam_indices, normalize_logits, input_length=input_length
         )
 
-    def _generate_in_chunks(self, request: Request, streamer: Optional[BaseStreamer], jit_compile: bool,
+    def _generate_in_chunks(self, request: Request, streamer: BaseStreamer | None, jit_compile: bool,
                             deadline: float):
         """Runs the loop in compiled chunks: hands each chunk's new tokens to `streamer` (when given) and, with
         `max_time`, once the monotonic clock passes `deadline` gives every running row one last step."""
@@ -180,4 +180,5 @@ def _as_streamer(streamer, request: Request) -> BaseStreamer:
         return streamer
     if callable(streamer):
         return TokenCallbackStreamer(streamer)
-    raise TypeError(f"streamer must be a tfgen.generation.streaming.BaseStreamer or a callable, got {type(streamer).__name__}")
+    raise TypeError(f"streamer must be a tfgen.generation.streaming.BaseStreamer or a callable, got "
+                    f"{type(streamer).__name__}")

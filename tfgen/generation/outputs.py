@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -37,9 +36,9 @@ class GenerateDecoderOnlyOutput(_Output):
     """
 
     sequences: tf.Tensor
-    scores: Optional[tuple] = None
-    logits: Optional[tuple] = None
-    structured_complete: Optional[tf.Tensor] = None
+    scores: tuple | None = None
+    logits: tuple | None = None
+    structured_complete: tf.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -54,11 +53,11 @@ class GenerateBeamDecoderOnlyOutput(_Output):
     """
 
     sequences: tf.Tensor
-    sequences_scores: Optional[tf.Tensor] = None
-    scores: Optional[tuple] = None
-    logits: Optional[tuple] = None
-    beam_indices: Optional[tf.Tensor] = None
-    structured_complete: Optional[tf.Tensor] = None
+    sequences_scores: tf.Tensor | None = None
+    scores: tuple | None = None
+    logits: tuple | None = None
+    beam_indices: tf.Tensor | None = None
+    structured_complete: tf.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -67,7 +66,7 @@ class GenerateEncoderDecoderOutput(GenerateDecoderOnlyOutput):
     from its start token on. encoder_hidden_states: with `output_hidden_states`, HF's tuple of `num_layers + 1`
     float32 `[batch, S, d_model]` (one row per prompt: the embeddings, each block's input, the final output)."""
 
-    encoder_hidden_states: Optional[tuple] = None
+    encoder_hidden_states: tuple | None = None
 
 
 @dataclasses.dataclass
@@ -75,7 +74,7 @@ class GenerateBeamEncoderDecoderOutput(GenerateBeamDecoderOnlyOutput):
     """`GenerateBeamDecoderOnlyOutput` of an encoder-decoder model (HF's name), with `encoder_hidden_states` as
     `GenerateEncoderDecoderOutput`'s."""
 
-    encoder_hidden_states: Optional[tuple] = None
+    encoder_hidden_states: tuple | None = None
 
 
 def package_outputs(request, result: dict):

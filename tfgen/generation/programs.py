@@ -12,7 +12,8 @@ import dataclasses
 import logging
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -34,7 +35,7 @@ class ProgramCache:
     state_specs: dict = dataclasses.field(default_factory=dict)
 
 
-_CACHES: "weakref.WeakKeyDictionary[Any, ProgramCache]" = weakref.WeakKeyDictionary()
+_CACHES: weakref.WeakKeyDictionary[Any, ProgramCache] = weakref.WeakKeyDictionary()
 
 
 def program_cache(model) -> ProgramCache:

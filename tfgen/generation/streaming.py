@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import queue
 import sys
-from typing import Callable, Optional, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 import numpy as np
 
@@ -26,7 +27,7 @@ class BaseStreamer:
     """
 
     chunk_steps: int = 4
-    max_batch_size: Optional[int] = None
+    max_batch_size: int | None = None
 
     def put(self, token_ids: np.ndarray) -> None:
         raise NotImplementedError
@@ -65,7 +66,7 @@ class TextStreamer(BaseStreamer):
         tokenizer: BaseTokenizer,
         skip_prompt: bool = False,
         skip_special_tokens: bool = True,
-        stream: Optional[TextIO] = None,
+        stream: TextIO | None = None,
         chunk_steps: int = 4,
     ):
         self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=skip_special_tokens)
@@ -118,7 +119,7 @@ class TextIteratorStreamer(TextStreamer):
 
     _END = object()
 
-    def __init__(self, tokenizer: BaseTokenizer, skip_prompt: bool = False, timeout: Optional[float] = None, **options):
+    def __init__(self, tokenizer: BaseTokenizer, skip_prompt: bool = False, timeout: float | None = None, **options):
         super().__init__(tokenizer, skip_prompt=skip_prompt, **options)
         self.timeout = timeout
         self._queue: queue.Queue = queue.Queue()

@@ -21,7 +21,8 @@ def architecture(file: GGUFFile) -> str:
     name = file.string("general.architecture")
     if name not in SUPPORTED_ARCHITECTURES:
         raise file.error(
-            f"architecture {name!r} (general.architecture) is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            f"architecture {name!r} (general.architecture) is not supported; supported: "
+            f"{sorted(SUPPORTED_ARCHITECTURES)}"
         )
     return name
 

@@ -77,7 +77,7 @@ class GGUFFile:
         try:
             reader = gguf.GGUFReader(real_path)
         # The reader fails with ValueError, IndexError or struct errors depending on where the bytes stop making sense.
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 (see above)
             raise OSError(
                 f"{path!r} is not a readable GGUF file (not GGUF, or truncated): {type(error).__name__}: {error}"
             ) from None

@@ -197,7 +197,7 @@ def _tokenizer_of(file: GGUFFile, model_class, **options) -> tokenizers.Tokenize
     try:
         return tokenizers.Tokenizer(model_class(**options))
     # The Rust side raises a plain Exception (e.g. a merge naming a token missing from the vocabulary).
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (see above)
         raise file.error(f"the tokenizer metadata does not make a valid tokenizer: {error}") from None
 
 

@@ -121,7 +121,7 @@ def hub_snapshot(model: RegisteredModel, *, local_files_only: bool | None = None
         folder = huggingface_hub.snapshot_download(model.hub_id, allow_patterns=patterns,
                                                    local_files_only=local_files_only)
     # The hub client raises many unrelated types (HTTP, offline, missing entry) across versions.
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (see above)
         if quiet:
             return None
         where = "the local Hugging Face cache (offline: HF_HUB_OFFLINE)" if local_files_only else "the Hugging Face Hub"

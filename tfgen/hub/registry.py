@@ -2,8 +2,8 @@
 where a pulled copy is cached. TensorFlow-free, so `tfgen pull` never imports TensorFlow.
 
 Cache layout: `<cache root>/models/<name>/<file>`, the cache root being tfgen's (`$TFGEN_CACHE_DIR`, else
-`$XDG_CACHE_HOME/tfgen`, else `~/.cache/tfgen`; `tfgen/generation/compile_cache.py` keeps its XLA programs beside it). A file
-appears there only whole and verified (see `tfgen/hub/pull.py`).
+`$XDG_CACHE_HOME/tfgen`, else `~/.cache/tfgen`; `tfgen/generation/compile_cache.py` keeps its XLA programs beside it). A
+file appears there only whole and verified (see `tfgen/hub/pull.py`).
 """
 
 from __future__ import annotations

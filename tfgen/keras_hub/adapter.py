@@ -1,6 +1,6 @@
-"""`from_keras_hub(causal_lm)`: a keras-hub `CausalLM` as a tfgen model (`tfgen.decoding.model_protocol.CausalLMProtocol`),
-sharing its weights, so every tfgen strategy, processor, stopping criterion, streamer, export signature and batch job
-runs on it."""
+"""`from_keras_hub(causal_lm)`: a keras-hub `CausalLM` as a tfgen model
+(`tfgen.decoding.model_protocol.CausalLMProtocol`), sharing its weights, so every tfgen strategy, processor, stopping
+criterion, streamer, export signature and batch job runs on it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from tfgen.keras_hub.styles import DecoderStyle
 from tfgen.keras_hub.tokenizer import KerasHubTokenizer
 from tfgen.models.attention import attention_masks
 from tfgen.models.layers import query_slots
-
 
 #: One decoder style per family of backbones, tried in this order.
 _STYLES: tuple[type[DecoderStyle], ...] = (RotaryDecoderStyle, GemmaDecoderStyle, GPT2DecoderStyle)
@@ -74,9 +73,9 @@ class KerasHubCausalLM(TFGenerationMixin):
 
     def call_with_cache(self, input_ids, cache, cache_index, attention_mask, position_ids, last_logits_only=False,
                         compute_logits=True, layers=None) -> CacheStepOutput:
-        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.decoding.model_protocol`);
-        attention_mask `[B, max_length]` over the whole buffer, position_ids int `[B, T]`. Returns
-        `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
+        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see
+        `tfgen.decoding.model_protocol`); attention_mask `[B, max_length]` over the whole buffer, position_ids int `[B,
+        T]`. Returns `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
         `compute_logits=False` the LM head is skipped and `logits` is None; `layers` runs only the first that many
         decoder layers (early exit; the others' caches pass through). `cache_index` may be int32 `[B]`."""
         style = self.style

@@ -36,14 +36,15 @@ class KerasHubTokenizer(BaseTokenizer):
             "pad": getattr(layer, "pad_token_id", None),
         }
         super().__init__(
-            {name: None if token_id is None else str(layer.id_to_token(token_id)) for name, token_id in self._ids.items()},
+            {name: None if token_id is None else str(layer.id_to_token(token_id))
+             for name, token_id in self._ids.items()},
             padding_side=padding_side,
         )
         self.stop_token_ids = [i for i in (self._ids["eos"], getattr(layer, "end_token2_id", None)) if i is not None]
         self.special_ids = np.array(sorted(set(getattr(layer, "special_token_ids", []) or [])), np.int64)
 
     @classmethod
-    def from_preset(cls, path, padding_side: str = "left") -> "KerasHubTokenizer":
+    def from_preset(cls, path, padding_side: str = "left") -> KerasHubTokenizer:
         """The tokenizer of a keras-hub preset directory's causal-LM preprocessor (OSError when it has none)."""
         keras_hub = keras_hub_module()
         try:

@@ -10,7 +10,8 @@ Python and numpy: the knob arrays are fed to the compiled program, which never s
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf

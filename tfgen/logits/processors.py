@@ -9,7 +9,7 @@ and `RENORMALIZE` come after those (`tfgen.logits.pipeline` runs them all).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +44,7 @@ from tfgen.logits.spec import (
     vocabulary_mask,
 )
 from tfgen.value_types import is_integer, is_real
+
 
 def _bans(tokens: Callable) -> Callable:
     """An `apply` that drops the tokens `tokens(static, ctx, knobs, vocab_size)` (bool, broadcasting to [B, V])."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -109,7 +110,7 @@ class ProcessorSpec:
         """The static value of processor `name` (`default` when it is off)."""
         return next((value for active, value in self.active if active == name), default)
 
-    def forced(self, values: dict) -> "ProcessorSpec":
+    def forced(self, values: dict) -> ProcessorSpec:
         """This spec with the processors of `values` on with those static values (False: off). An export forces the
         processors whose knobs its requests carry."""
         active = {**dict(self.active), **values}

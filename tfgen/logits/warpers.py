@@ -10,7 +10,7 @@ descending score covering every finite score (None: the whole vocabulary), `keep
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf

@@ -10,11 +10,11 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.layers import positions_from_mask
 from tfgen.models.pretrained import load_pretrained
-from tfgen.decoding.model_protocol import CacheStepOutput
 
 
 class CausalLMOutput(NamedTuple):
@@ -99,9 +99,9 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         head_transposed=None,
         layers=None,
     ) -> CacheStepOutput:
-        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see `tfgen.decoding.model_protocol`).
-        attention_mask: `[B, max_length]` over the whole buffer; position_ids int `[B, T]`. Returns
-        `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
+        """Runs int `[B, T]` tokens at buffer slots `[cache_index, cache_index + T)` (see
+        `tfgen.decoding.model_protocol`). attention_mask: `[B, max_length]` over the whole buffer; position_ids int `[B,
+        T]`. Returns `CacheStepOutput(logits [B, T or 1, vocab] float32, hidden_states [B, T, D], cache)`; with
         `compute_logits=False` the LM head is skipped and `logits` is None (see `logits_from_hidden`).
         head_transposed: the transposed head copy of a decoding view (see `decoding_view`), None for the stored one.
         layers: run only the first `layers` decoder layers, then the final norm and the head (early exit: the

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM
+from tfgen.models.gpt2_config import GPT2Config
 from tfgen.models.hf_weights import select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
@@ -27,7 +28,6 @@ from tfgen.models.layers import (
     query_slots,
     write_slots,
 )
-from tfgen.models.gpt2_config import GPT2Config
 
 __all__ = ["CausalLMOutput", "GPT2Block", "GPT2Config", "GPT2LMHeadModel"]
 

@@ -26,12 +26,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.attention import attention_masks
 from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
 from tfgen.models.pretrained import load_pretrained
-from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.models.t5_config import T5Config
 from tfgen.models.t5_layers import T5Block, position_bias, relative_bucket_table
 
@@ -58,7 +58,8 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
 
     `call` is the plain forward (encoder, then decoder over `decoder_input_ids`); generation runs `encode` once, builds
     the cache with `init_cache(..., encoder_hidden_states=, encoder_attention_mask=)` and then steps the decoder with
-    `call_with_cache` (buffer coordinates as in `tfgen.decoding.model_protocol`; see the module docstring for the cache).
+    `call_with_cache` (buffer coordinates as in `tfgen.decoding.model_protocol`; see the module docstring for the
+    cache).
     """
 
     config_class = T5Config

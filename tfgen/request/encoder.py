@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +28,7 @@ class EncoderStates(NamedTuple):
     `hidden_states` as given (checked and returned as `encoder_hidden_states` only when asked), else None."""
 
     last_hidden_state: np.ndarray
-    hidden_states: Optional[tuple] = None
+    hidden_states: tuple | None = None
 
 
 class EncoderDecoderPrompt(NamedTuple):
@@ -40,9 +40,9 @@ class EncoderDecoderPrompt(NamedTuple):
     attention_mask: np.ndarray
     decoder_input_ids: np.ndarray
     decoder_attention_mask: np.ndarray
-    states: Optional[EncoderStates] = None
+    states: EncoderStates | None = None
 
-    def repeated(self, copies: int) -> "EncoderDecoderPrompt":
+    def repeated(self, copies: int) -> EncoderDecoderPrompt:
         """Each row repeated `copies` times in place (the host's rows for `num_return_sequences`)."""
         states = None if self.states is None else self.states._replace(
             last_hidden_state=np.repeat(self.states.last_hidden_state, copies, axis=0))
@@ -161,8 +161,8 @@ def refuse_encoder_processors_without_ids(config: GenerationConfig, input_ids) -
                              "encode too.")
 
 
-def returned_encoder_states(prompt: Optional[EncoderDecoderPrompt], config: GenerationConfig, *,
-                            stacklevel: int) -> tuple[Optional[tuple], bool]:
+def returned_encoder_states(prompt: EncoderDecoderPrompt | None, config: GenerationConfig, *,
+                            stacklevel: int) -> tuple[tuple | None, bool]:
     """`(encoder_hidden_states, encode_ahead)` of a call with `prompt` (None: decoder-only) under `config`: `(None,
     False)` unless it asks for `output_hidden_states` in a `return_dict_in_generate`; then the per-layer states the
     caller's `encoder_outputs` carried (as tensors; None, warned, when they carried none, as HF returns then), or

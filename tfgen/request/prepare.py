@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -19,11 +20,11 @@ import tensorflow as tf
 from tfgen.config.generation_config import GenerationConfig, GenerationMode
 from tfgen.decoding.loop import DecodeSpec
 from tfgen.decoding.model_protocol import capabilities
+from tfgen.decoding.random import derive_seeds
 from tfgen.decoding.state import DecodeInputs
 from tfgen.decoding.strategies import DecodingStrategy, strategy_for
+from tfgen.logits.pipeline import ResolvedProcessors, resolve_processors
 from tfgen.request.buckets import DEFAULT_BUCKETS
-from tfgen.request.spec import decode_spec, knob_values
-from tfgen.request.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
 from tfgen.request.encoder import (
     ENCODER_DECODER_INPUTS,
     encoder_decoder_prompt,
@@ -31,11 +32,11 @@ from tfgen.request.encoder import (
     refuse_encoder_decoder_inputs,
     returned_encoder_states,
 )
-from tfgen.logits.pipeline import ResolvedProcessors, resolve_processors
-from tfgen.decoding.random import derive_seeds
+from tfgen.request.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
 from tfgen.request.size import check_request_fits
-from tfgen.structured.automaton import constraint_automaton
+from tfgen.request.spec import decode_spec, knob_values
 from tfgen.stopping.criteria import split_stopping_criteria
+from tfgen.structured.automaton import constraint_automaton
 
 # generate() keywords that are not GenerationConfig attributes.
 MODEL_INPUT_KWARGS = ("input_ids", "attention_mask", *ENCODER_DECODER_INPUTS)
@@ -59,23 +60,24 @@ class Request:
     prompt_len: int
     max_new_tokens: int
     return_dict: bool = False
-    max_time: Optional[float] = None
+    max_time: float | None = None
     #: The `regex` / `json_schema` automaton (`tfgen.structured.automaton.TokenAutomaton`), or None.
     automaton: Any = None
     #: Rows the host made of each prompt before the program (`num_return_sequences` of sampling), else 1.
     host_copies: int = 1
     #: An encoder-decoder request asking for `output_hidden_states`: `encoder_hidden_states` to return (HF's tuple of
-    #: float32 `[prompts, S, D]`), or None; `encode_ahead`: they are still to be computed (`tfgen.generation.programs.encode_ahead`
-    #: runs the encoder before the program and hands it the output).
-    encoder_hidden_states: Optional[tuple] = None
+    #: float32 `[prompts, S, D]`), or None; `encode_ahead`: they are still to be computed
+    #: (`tfgen.generation.programs.encode_ahead` runs the encoder before the program and hands it the output).
+    encoder_hidden_states: tuple | None = None
     encode_ahead: bool = False
 
-    def with_budgets(self, budgets) -> "Request":
+    def with_budgets(self, budgets) -> Request:
         """The same request with per-row budgets `budgets` int `[batch_size]` (each at most `max_new_tokens`);
         bucket rows keep a budget of 0. E.g. a batch job gives filler rows nothing to generate."""
         budgets = np.asarray(budgets)
         if budgets.shape != (self.batch_size,) or not np.issubdtype(budgets.dtype, np.integer):
-            raise ValueError(f"budgets must be integers of shape [{self.batch_size}], got {budgets.dtype} {budgets.shape}")
+            raise ValueError(f"budgets must be integers of shape [{self.batch_size}], got {budgets.dtype} "
+                             f"{budgets.shape}")
         if budgets.min() < 0 or budgets.max() > self.max_new_tokens:
             raise ValueError(f"budgets must be in [0, max_new_tokens={self.max_new_tokens}], got {budgets.tolist()}")
         padded = np.zeros([self.spec.batch_size], np.int32)
@@ -107,7 +109,7 @@ def base_config(model, generation_config=None) -> GenerationConfig:
 
 
 def resolve_config(
-    model, generation_config=None, options: Optional[dict] = None, *, stacklevel: int = 2
+    model, generation_config=None, options: dict | None = None, *, stacklevel: int = 2
 ) -> ResolvedConfig:
     """`generation_config` (default: the model's, else one from its config), copied and updated with `options`.
 
@@ -156,8 +158,8 @@ class ResolvedCall(NamedTuple):
     assistant_model: Any
 
 
-def resolve_call(model, generation_config: Optional[GenerationConfig] = None, options: Optional[dict] = None, *,
-                 logits_processor: Optional[Sequence] = None, stopping_criteria: Optional[Sequence] = None,
+def resolve_call(model, generation_config: GenerationConfig | None = None, options: dict | None = None, *,
+                 logits_processor: Sequence | None = None, stopping_criteria: Sequence | None = None,
                  tokenizer=None, assistant_model=None, stacklevel: int = 2) -> ResolvedCall:
     """The config of a call (`generation_config` or the model's, updated with `options`: `GenerationConfig`
     attributes) validated once, its mode, the strategy's model checks and its processors — everything of a call
@@ -179,7 +181,7 @@ def resolve_call(model, generation_config: Optional[GenerationConfig] = None, op
                         user_criteria, tokenizer, assistant_model)
 
 
-def pad_token_id_of(config: GenerationConfig, vocab_size: Optional[int] = None) -> int:
+def pad_token_id_of(config: GenerationConfig, vocab_size: int | None = None) -> int:
     """The id written after a row finished: `pad_token_id`, else HF's convention for models without a pad token,
     the (first) eos id, else 0. With `vocab_size`, a pad id outside the vocabulary is a ValueError (the model
     embeds pad columns, and a lookup out of range fails eagerly and reads garbage under XLA)."""
@@ -197,7 +199,8 @@ def _warn_of_a_draft_length_without_drafter(config: GenerationConfig, mode: Gene
     """`num_assistant_tokens` sets how many tokens a model drafter drafts; without one (no `assistant_model`, no
     `assistant_early_exit`) it has no effect: warned as HF warns of options of another mode (`stacklevel` as
     `warnings.warn`'s, from the caller). Prompt lookup's own case is `GenerationConfig.validate`'s."""
-    if mode != GenerationMode.ASSISTED_GENERATION and config.num_assistant_tokens != GenerationConfig.num_assistant_tokens:
+    default = GenerationConfig.num_assistant_tokens
+    if mode != GenerationMode.ASSISTED_GENERATION and config.num_assistant_tokens != default:
         warnings.warn(
             "Generation options that have no effect with these settings and are ignored:\n- `num_assistant_tokens`: "
             f"set to {config.num_assistant_tokens!r}, but no drafter is given (assistant_model= or "
@@ -210,12 +213,12 @@ def prepare_request(
     model,
     inputs=None,
     *,
-    generation_config: Optional[GenerationConfig] = None,
-    logits_processor: Optional[Sequence] = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: Sequence | None = None,
     seed=None,
     tokenizer=None,
-    stopping_criteria: Optional[Sequence] = None,
-    call: Optional[ResolvedCall] = None,
+    stopping_criteria: Sequence | None = None,
+    call: ResolvedCall | None = None,
     stacklevel: int = 2,
     **options,
 ) -> Request:
@@ -226,9 +229,9 @@ def prepare_request(
     inputs / `input_ids=`: int ids `[batch, prompt_len]`, left padded (may be empty when the model has a
     `bos_token_id`). `attention_mask=`: `[batch, prompt_len]` 0/1, inferred from pad ids like HF when absent.
     seed: None, `[2]` or `[batch, 2]`. tokenizer: the model's `tfgen.Tokenizer`, needed for `stop_strings`.
-    stopping_criteria: `tfgen.stopping.criteria` criteria or callables (see there). Other `options` are `GenerationConfig`
-    attributes. Bad input raises ValueError / TypeError naming the argument. stacklevel: where warnings point
-    (`warnings.warn`'s, counted from this function).
+    stopping_criteria: `tfgen.stopping.criteria` criteria or callables (see there). Other `options` are
+    `GenerationConfig` attributes. Bad input raises ValueError / TypeError naming the argument. stacklevel: where
+    warnings point (`warnings.warn`'s, counted from this function).
     """
     model_config = model.config
     vocab_size = int(model_config.vocab_size)
@@ -246,7 +249,8 @@ def prepare_request(
                                                           stopping_criteria)):
         raise TypeError("prepare_request: with `call`, the call's config, processors, criteria and tokenizer are "
                         "already resolved; pass only inputs and seed")
-    config, mode, strategy, processors, tokenizer = call.config, call.mode, call.strategy, call.processors, call.tokenizer
+    config, mode, strategy, processors = call.config, call.mode, call.strategy, call.processors
+    tokenizer = call.tokenizer
     eos_ids = config.eos_token_ids()
     pad_token_id = pad_token_id_of(config, vocab_size)
 

@@ -9,7 +9,6 @@ the model protocol allows; the result is kept per model.
 from __future__ import annotations
 
 import weakref
-from typing import Optional
 
 import tensorflow as tf
 
@@ -18,7 +17,7 @@ from tfgen.decoding.strategies import strategy_for
 from tfgen.memory import check_fits
 
 # Per model and encoder width (None: decoder-only): (bytes per row per slot, bytes per row independent of the length).
-_CACHE_COEFFICIENTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CACHE_COEFFICIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Bytes per vocabulary entry per row that a step holds at least: the logits and the processed scores (float32).
 _LOGITS_BYTES_PER_ENTRY = 2 * 4
 # Copies of the cache a compiled loop holds at once: the loop state and the next one (a beam step gathers the
@@ -26,7 +25,7 @@ _LOGITS_BYTES_PER_ENTRY = 2 * 4
 _CACHE_COPIES = 2
 
 
-def cache_bytes(model, rows: int, length: int, encoder_length: Optional[int] = None) -> int:
+def cache_bytes(model, rows: int, length: int, encoder_length: int | None = None) -> int:
     """Bytes of `model.init_cache(rows, length)` (of an encoder-decoder model: with an encoder input of
     `encoder_length` columns), from two traced (never allocated) single-row caches."""
     per_width = _CACHE_COEFFICIENTS.setdefault(model, {})
@@ -39,14 +38,14 @@ def cache_bytes(model, rows: int, length: int, encoder_length: Optional[int] = N
     return rows * (per_slot * length + fixed)
 
 
-def _traced_cache_bytes(model, length: int, encoder_length: Optional[int]) -> int:
+def _traced_cache_bytes(model, length: int, encoder_length: int | None) -> int:
     extra = {} if encoder_length is None else {"encoder_length": encoder_length}
     traced = tf.function(lambda: model.init_cache(1, length, **extra), autograph=False).get_concrete_function()
     return sum(spec.shape.num_elements() * spec.dtype.size for spec in tf.nest.flatten(traced.structured_outputs))
 
 
 def check_request_fits(model, config: GenerationConfig, mode: GenerationMode, prompts: int, length: int,
-                       encoder_length: Optional[int] = None) -> None:
+                       encoder_length: int | None = None) -> None:
     """ValueError unless two copies of the KV cache and the per-step logits of `prompts` rows decoding up to
     `length` positions in `mode` fit in the memory available (`tfgen.memory`); the message names the options to
     lower. `encoder_length`: an encoder-decoder model's encoder input columns (its cross-attention cache)."""

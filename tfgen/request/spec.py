@@ -6,7 +6,7 @@ their programs' keys here.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -47,16 +47,16 @@ def decode_spec(
     *,
     buffer_new_tokens: int,
     knobs: dict,
-    batch_size: Optional[int] = None,
-    prompt_width: Optional[int] = None,
-    max_new_tokens: Optional[int] = None,
+    batch_size: int | None = None,
+    prompt_width: int | None = None,
+    max_new_tokens: int | None = None,
     user_processors: Sequence = (),
-    processor_overrides: Optional[dict] = None,
+    processor_overrides: dict | None = None,
     tokenizer=None,
     stopping_criteria: Sequence = (),
     assistant_model=None,
     encoder_decoder: bool = False,
-    encoder_width: Optional[int] = None,
+    encoder_width: int | None = None,
     encoder_states_given: bool = False,
 ) -> DecodeSpec:
     """The program key of `config`'s decoding in `mode` (`config.get_generation_mode()`, computed once by the

@@ -1,6 +1,7 @@
 """`tfgen serve`: TF Serving's REST API (`http`) and gRPC API (`grpc_api`) over an export folder's versions
-(`versions`), one loaded version (`served_model`), requests parsed and checked (`requests`) or refused (`errors`), continuous batching of greedy and sampling rows through the
-slot engine (`batching`), the server's options (`options`, TF-free) and `serve()` (`server`).
+(`versions`), one loaded version (`served_model`), requests parsed and checked (`requests`) or refused (`errors`),
+continuous batching of greedy and sampling rows through the slot engine (`batching`), the server's options (`options`,
+TF-free) and `serve()` (`server`).
 
 May import `tfgen.engine`, `tfgen.export` and everything below them. The names below load on first use, so
 `tfgen.serving.options` (as `tfgen serve --help` reads it) imports no TensorFlow.

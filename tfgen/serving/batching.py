@@ -14,8 +14,8 @@ import json
 import logging
 import os
 import queue
+from collections.abc import Iterator
 from http import HTTPStatus
-from typing import Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -36,8 +36,8 @@ _ENGINE_MODES = {mode.value: strategy.slot_sampling for mode, strategy in STRATE
 _TEXT_SIGNATURES = ("text_tokenize", "text_detokenize")
 
 
-def attach_engine(served, *, steps_per_call: int, max_queue: Optional[int] = None,
-                  warm: bool = True) -> Optional[SlotEngine]:
+def attach_engine(served, *, steps_per_call: int, max_queue: int | None = None,
+                  warm: bool = True) -> SlotEngine | None:
     """Starts `served`'s continuous-batching engine when its export has the slot signatures (None otherwise);
     `warm` decodes one row first, so the programs compile before the first request."""
     if "slot_init" not in served.signatures:
@@ -53,7 +53,7 @@ def attach_engine(served, *, steps_per_call: int, max_queue: Optional[int] = Non
     return served.engine
 
 
-def engine_predict(served, signature_name: str, inputs: dict) -> Optional[dict]:
+def engine_predict(served, signature_name: str, inputs: dict) -> dict | None:
     """The signature's outputs for `inputs`, decoded by the engine; None when the request is not one the engine
     takes (the caller runs the signature). RequestError 400 for what the signature's checks refuse, 503 when the
     queue is full."""
@@ -65,7 +65,7 @@ def engine_predict(served, signature_name: str, inputs: dict) -> Optional[dict]:
     return _assemble([_finished(row) for row in rows], engine.programs.pad_token_id, engine.budget_cap)
 
 
-def engine_rows(served, signature_name: str, inputs: dict) -> Optional[list[Row]]:
+def engine_rows(served, signature_name: str, inputs: dict) -> list[Row] | None:
     """The engine rows of a `:predict` request on `signature_name` (None: run it as a whole call)."""
     engine = getattr(served, "engine", None)
     if engine is None:
@@ -146,7 +146,7 @@ def _prompt_seeds(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 # Text
 
 
-def text_rows(served, texts: list[bytes]) -> Optional[tuple[list[Row], np.ndarray]]:
+def text_rows(served, texts: list[bytes]) -> tuple[list[Row], np.ndarray] | None:
     """(engine rows, input_ids) of a `generate_text` request, or None when it runs as a whole call."""
     if getattr(served, "engine", None) is None or not all(name in served.signatures for name in _TEXT_SIGNATURES):
         return None
@@ -165,7 +165,7 @@ def detokenize(served, rows: list[Row]) -> list[str]:
     return [item.decode("utf-8", errors="replace") for item in text]
 
 
-def engine_text(served, texts: list[bytes]) -> Optional[list[str]]:
+def engine_text(served, texts: list[bytes]) -> list[str] | None:
     """`generate_text`'s answer through the engine (None: run the signature)."""
     found = text_rows(served, texts)
     if found is None:

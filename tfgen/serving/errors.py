@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 from http import HTTPStatus
-from typing import Optional
 
 
 class RequestError(Exception):
     """A request the server refuses: `status` is the HTTP status, the message goes into `{"error": ...}`, `headers`
     are sent with the answer (e.g. `Allow` with a 405)."""
 
-    def __init__(self, status: HTTPStatus, message: str, headers: Optional[dict] = None):
+    def __init__(self, status: HTTPStatus, message: str, headers: dict | None = None):
         super().__init__(message)
         self.status = status
         self.headers = headers or {}

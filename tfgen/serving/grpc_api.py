@@ -26,7 +26,6 @@ import functools
 import logging
 import math
 from http import HTTPStatus
-from typing import Optional
 
 import grpc
 import numpy as np
@@ -40,6 +39,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from tfgen.serving.errors import RequestError
 from tfgen.serving.options import (
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
@@ -47,7 +47,6 @@ from tfgen.serving.options import (
     check_port_free,
     check_server_options,
 )
-from tfgen.serving.errors import RequestError
 from tfgen.serving.requests import check_arrays, signature_for
 from tfgen.serving.served_model import ServedModel
 from tfgen.serving.versions import ServedModels
@@ -255,6 +254,6 @@ class GrpcModelServer:
     def start(self) -> None:
         self._server.start()
 
-    def stop(self, grace: Optional[float] = None) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """Stops serving: RPCs running get `grace` seconds to finish (None: cancelled at once)."""
         self._server.stop(grace).wait()

@@ -38,6 +38,8 @@ import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tfgen.serving.batching import TextStream, text_stream
+from tfgen.serving.errors import RequestError
 from tfgen.serving.options import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -45,8 +47,6 @@ from tfgen.serving.options import (
     bind_failure,
     check_server_options,
 )
-from tfgen.serving.batching import TextStream, text_stream
-from tfgen.serving.errors import RequestError
 from tfgen.serving.requests import (
     format_predict_response,
     generate_text,
@@ -79,7 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
     """One connection: routes each request, answers JSON, reads bodies within BODY_TIMEOUT."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: every response carries a Content-Length
-    server: "ModelServer"
+    server: ModelServer
 
     def setup(self):
         self.timeout = IDLE_TIMEOUT
@@ -185,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> dict:
         path = urllib.parse.urlsplit(self.path).path
-        for pattern, methods in (_STATUS_ROUTE, _VERB_ROUTE):
+        for pattern, methods in (_STATUS_ROUTE, _VERB_ROUTE):  # noqa: B007 (read after the loop)
             match = pattern.fullmatch(path)
             if match is not None:
                 break

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import importlib.util
 import socket
-from typing import Optional
 
 from tfgen.value_types import is_integer, is_real
 
@@ -48,7 +47,7 @@ def check_polling_options(*, poll_interval_s=DEFAULT_POLL_INTERVAL, version_poli
         raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, got {version_policy!r}")
 
 
-def check_port_free(host: str, port: int, option: Optional[str] = None) -> None:
+def check_port_free(host: str, port: int, option: str | None = None) -> None:
     """Raises ValueError for a bad port, OSError ("port 8501 is in use ...") when the server could not listen on
     host:port now; `option` (e.g. "--rest_api_port") is named in the message."""
     check_port(port, (option or "port").lstrip("-"))
@@ -66,7 +65,7 @@ def grpc_available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("grpc", "tensorflow_serving"))
 
 
-def bind_failure(host: str, port: int, error: OSError, option: Optional[str] = None) -> str:
+def bind_failure(host: str, port: int, error: OSError, option: str | None = None) -> str:
     """One line saying why the server cannot listen on host:port (`option`, the flag that chose the port, named)."""
     where = f"{host} ({option})" if option else host
     if error.errno == errno.EADDRINUSE:

@@ -1,5 +1,6 @@
 """What `tfgen serve` does with a request once it has its body: TF Serving's REST formats, and the checks that turn
-every malformed request into a `RequestError` (a 4xx answer naming the field) before any signature runs. The HTTP side (routes, methods, timeouts, the connection cap) is `tfgen/serving/http.py`.
+every malformed request into a `RequestError` (a 4xx answer naming the field) before any signature runs. The HTTP side
+(routes, methods, timeouts, the connection cap) is `tfgen/serving/http.py`.
 
 The request's knob inputs (temperature, top_p, ...) are checked against `tfgen.config.knobs`, the rule set that
 `generate()` and the export's in-graph checks read, so the server refuses exactly what they refuse and says it

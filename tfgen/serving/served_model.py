@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -55,8 +55,8 @@ class ServedModel:
             self.engine.close()
 
 
-def load_export(export_dir: str | os.PathLike, model_name: Optional[str] = None, *, version: Optional[int] = None,
-                warmup: bool = True, batching: Optional[dict] = None) -> ServedModel:
+def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *, version: int | None = None,
+                warmup: bool = True, batching: dict | None = None) -> ServedModel:
     """Loads a version under `export_dir` for serving: `version`, else the newest (TF Serving's default policy).
 
     `export_dir` holds numeric version folders, as `tfgen export` writes them. `model_name` defaults to the

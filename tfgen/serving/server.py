@@ -4,17 +4,16 @@ interrupted, polling for new versions."""
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 from tfgen.serving.http import ModelServer
 from tfgen.serving.options import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, check_server_options
 from tfgen.serving.versions import DEFAULT_POLL_INTERVAL, ServedModels, check_polling_options
 
 
-def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_name: Optional[str] = None,
+def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, model_name: str | None = None,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-          poll_interval_s: Optional[float] = DEFAULT_POLL_INTERVAL, version_policy: str = "latest",
-          grpc_port: Optional[int] = None, batching: Optional[dict] = None) -> None:
+          poll_interval_s: float | None = DEFAULT_POLL_INTERVAL, version_policy: str = "latest",
+          grpc_port: int | None = None, batching: dict | None = None) -> None:
     """Loads the newest version under `export_dir` (every version with `version_policy="all"`) and serves it until
     interrupted (Ctrl-C), looking for new versions every `poll_interval_s` seconds (0 or None: never; see
     `tfgen.serving.versions`). REST listens on `port`; with `grpc_port`, TF Serving's gRPC API too (0 for either:

@@ -20,10 +20,9 @@ import os
 import threading
 import time
 from http import HTTPStatus
-from typing import Optional
 
-from tfgen.serving.options import DEFAULT_POLL_INTERVAL, VERSION_POLICIES, check_polling_options
 from tfgen.serving.errors import RequestError
+from tfgen.serving.options import DEFAULT_POLL_INTERVAL, VERSION_POLICIES, check_polling_options
 from tfgen.serving.served_model import ServedModel, export_versions, load_export
 from tfgen.value_types import is_real
 
@@ -44,8 +43,8 @@ class ServedModels:
     `resolve` from many threads while the poll thread swaps versions.
     """
 
-    def __init__(self, export_dir, model_name: Optional[str] = None, *, loaded: Optional[ServedModel] = None,
-                 version_policy: str = "latest", warmup: bool = True, batching: Optional[dict] = None):
+    def __init__(self, export_dir, model_name: str | None = None, *, loaded: ServedModel | None = None,
+                 version_policy: str = "latest", warmup: bool = True, batching: dict | None = None):
         check_polling_options(version_policy=version_policy)
         self.export_dir = os.fspath(export_dir) if export_dir is not None else None
         self.version_policy = version_policy
@@ -58,12 +57,12 @@ class ServedModels:
         self._versions: dict[int, ServedModel] = {first.version: first}
         self._failed: set[int] = set()  # versions that failed to load, not tried again while on disk
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         if version_policy == "all" and loaded is None:
             self.poll()  # the other versions on disk
 
     @classmethod
-    def of(cls, model: ServedModel, **options) -> "ServedModels":
+    def of(cls, model: ServedModel, **options) -> ServedModels:
         """A registry holding one already loaded version (`model.directory`'s parent is its export folder)."""
         return cls(os.path.dirname(model.directory), loaded=model, **options)
 
@@ -81,7 +80,7 @@ class ServedModels:
         with self._lock:
             return [self._versions[version] for version in sorted(self._versions)]
 
-    def resolve(self, name: str, version: Optional[int] = None) -> ServedModel:
+    def resolve(self, name: str, version: int | None = None) -> ServedModel:
         """The version a request names (the newest when `version` is None); a 404 RequestError in TF Serving's
         words for another model name or a version not served."""
         if name != self.name:

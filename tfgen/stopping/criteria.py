@@ -1,6 +1,7 @@
 """Stopping criteria, with HF transformers' names, and how each runs inside (or around) the compiled loop.
 
-- `stop_strings` (or `StopStringCriteria`): tables precomputed from the vocabulary (`tfgen.stopping.stop_strings`), tested
+- `stop_strings` (or `StopStringCriteria`): tables precomputed from the vocabulary (`tfgen.stopping.stop_strings`),
+tested
   on each row's last tokens inside the loop after every step.
 - `max_time` (or `MaxTimeCriteria`): wall time of the call, checked by the host between compiled chunks (a
   program cannot read a clock under XLA); rows still running are then given one last step, as HF's criterion
@@ -15,19 +16,19 @@
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tfgen.value_types import check_callables
 from tfgen.stopping.stop_strings import StopStringTables, stop_string_hits, stop_string_tables, tail_window
+from tfgen.value_types import check_callables
 
 
 class StoppingCriteria:
     """Base class of user stopping criteria run inside the compiled loop (TF ops only; see the module doc)."""
 
-    def __call__(self, input_ids: tf.Tensor, scores: Optional[tf.Tensor], **kwargs) -> tf.Tensor:
+    def __call__(self, input_ids: tf.Tensor, scores: tf.Tensor | None, **kwargs) -> tf.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(input_ids, scores) -> bool [rows]")
 
 
@@ -44,7 +45,7 @@ class StoppingCriteriaList(list):
 class MaxLengthCriteria(StoppingCriteria):
     """Stops once a row holds `max_length` tokens (prompt included). In `generate` it is the `max_length` option."""
 
-    def __init__(self, max_length: int, max_position_embeddings: Optional[int] = None):
+    def __init__(self, max_length: int, max_position_embeddings: int | None = None):
         self.max_length = max_length
         self.max_position_embeddings = max_position_embeddings
 
@@ -56,7 +57,7 @@ class MaxTimeCriteria(StoppingCriteria):
     """Stops once `max_time` seconds passed since `initial_timestamp` (default: now). In `generate` it is the
     `max_time` option, checked by the host between compiled chunks."""
 
-    def __init__(self, max_time: float, initial_timestamp: Optional[float] = None):
+    def __init__(self, max_time: float, initial_timestamp: float | None = None):
         self.max_time = max_time
         self.initial_timestamp = time.time() if initial_timestamp is None else initial_timestamp
 
@@ -97,19 +98,20 @@ def check_user_criteria(criteria) -> tuple:
 
 
 def stopped_rows(
-    stop_strings: Optional[StopStringTables],
+    stop_strings: StopStringTables | None,
     user_criteria: tuple,
     sequences: tf.Tensor,
     end_index,
     first_valid,
     pad_token_id,
-    scores: Optional[tf.Tensor],
-) -> Optional[tf.Tensor]:
+    scores: tf.Tensor | None,
+) -> tf.Tensor | None:
     """bool `[R]`: rows of `sequences` (int32 `[R, L]`, newest token at column `end_index`, the row's text from
     column `first_valid`) that a stop string or a user criterion stops; None when there is nothing to test."""
     stopped = None
     if stop_strings is not None:
-        stopped = stop_string_hits(stop_strings, tail_window(sequences, end_index, first_valid, stop_strings.max_token_len))
+        tail = tail_window(sequences, end_index, first_valid, stop_strings.max_token_len)
+        stopped = stop_string_hits(stop_strings, tail)
     if user_criteria:
         width = sequences.shape[1]
         window = tail_window(sequences, end_index, first_valid, width)

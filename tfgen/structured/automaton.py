@@ -22,7 +22,7 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -85,8 +85,8 @@ def _padded_size(size: int, minimum: int) -> int:
     return max(minimum, 1 << (size - 1).bit_length())
 
 
-_vocabularies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_automata: "collections.OrderedDict[tuple, TokenAutomaton]" = collections.OrderedDict()
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_automata: collections.OrderedDict[tuple, TokenAutomaton] = collections.OrderedDict()
 _lock = threading.Lock()
 
 
@@ -184,7 +184,7 @@ def _tables(index, placeholder_eos: int, vocab_size: int, pattern: str, began: f
     )
 
 
-def structured_option(config) -> Optional[str]:
+def structured_option(config) -> str | None:
     """`"regex"` or `"json_schema"`: the structured-output option `config` sets (None: neither)."""
     for name in ("regex", "json_schema"):
         if getattr(config, name, None) is not None:
@@ -192,7 +192,7 @@ def structured_option(config) -> Optional[str]:
     return None
 
 
-def constraint_automaton(config, tokenizer, vocab_size: int) -> Optional[TokenAutomaton]:
+def constraint_automaton(config, tokenizer, vocab_size: int) -> TokenAutomaton | None:
     """The automaton of `config.regex` or `config.json_schema` (None when neither is set). ValueError without a
     tokenizer, for a bad pattern or schema, or an unsupported schema feature."""
     name = structured_option(config)

@@ -15,7 +15,8 @@ import copy
 import functools
 import json
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 # Keywords that describe rather than constrain: never reported.
 _ANNOTATIONS = frozenset({

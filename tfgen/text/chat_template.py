@@ -64,7 +64,7 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent=None, separators=None
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(format: str) -> str:
+def _strftime_now(format: str) -> str:  # noqa: A002 (HF's name: templates may pass format=)
     return datetime.now().strftime(format)
 
 
@@ -221,8 +221,8 @@ def check_options(template_kwargs: Mapping[str, Any], tokenize: bool, **tokenize
 def read_chat_template(directory: str | os.PathLike) -> str | None:
     """The chat template of a checkpoint directory, picked as HF 4.55 picks it: `chat_template.jinja`, else
     `tokenizer_config.json`'s `chat_template` (a string, or a list of `{"name", "template"}` objects whose "default"
-    is used, with a warning naming the others); None when there is none. OSError naming the file when it cannot be read, ValueError for an entry of
-    the wrong type."""
+    is used, with a warning naming the others); None when there is none. OSError naming the file when it cannot be read,
+    ValueError for an entry of the wrong type."""
     path = os.path.join(directory, CHAT_TEMPLATE_FILE)
     if os.path.isfile(path):
         try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Optional
 
 import numpy as np
 
@@ -36,7 +35,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {chr(code): byte for byte, code in characters.items()}
 
 
-def _decoder_types(decoder: Optional[dict]) -> set[str]:
+def _decoder_types(decoder: dict | None) -> set[str]:
     """The `type` of a tokenizer.json decoder and of every decoder inside a `Sequence`."""
     if not decoder:
         return set()

@@ -40,7 +40,8 @@ class BaseTokenizer:
         self._special_tokens = dict(special_tokens)
         self.padding_side = padding_side
         if chat_template is not None and not isinstance(chat_template, str):
-            raise TypeError(f"chat_template must be a Jinja template string or None, got {type(chat_template).__name__}")
+            raise TypeError(f"chat_template must be a Jinja template string or None, got "
+                            f"{type(chat_template).__name__}")
         self.chat_template = chat_template
 
     @property

@@ -1,6 +1,7 @@
-"""Reading a checkpoint's tokenizer files (HF fast-tokenizer layout) for `tfgen.text.tokenizer.Tokenizer.from_pretrained`:
-finding the directory (local or a Hub snapshot), loading `tokenizer.json`, and picking the special tokens out of the
-other files. Every malformed file is an `OSError` naming its path, never a bare JSON or `tokenizers` error."""
+"""Reading a checkpoint's tokenizer files (HF fast-tokenizer layout) for
+`tfgen.text.tokenizer.Tokenizer.from_pretrained`: finding the directory (local or a Hub snapshot), loading
+`tokenizer.json`, and picking the special tokens out of the other files. Every malformed file is an `OSError` naming its
+path, never a bare JSON or `tokenizers` error."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def load_backend(path: str) -> tokenizers.Tokenizer:
     try:
         return tokenizers.Tokenizer.from_file(path)
     # The Rust library raises a plain Exception for every problem (not JSON, unknown model type, missing field).
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 (see above)
         raise OSError(f"{path!r} is not a tokenizer.json that the tokenizers library can load: {error}") from None
 
 
