@@ -8,9 +8,9 @@ import logging
 import os
 import tempfile
 
-# The scheduler's module imports numpy only, so `tfgen serve --help` stays TF-free.
-from tfgen.engine.scheduler import DEFAULT_STEPS_PER_CALL  # noqa: E402
-from tfgen.serving.options import (  # TF-free, so `tfgen serve --help` answers without TensorFlow
+# TF-free, so `tfgen serve --help` answers without TensorFlow.
+from tfgen.engine.options import DEFAULT_STEPS_PER_CALL
+from tfgen.serving.options import (
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,

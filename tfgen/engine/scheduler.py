@@ -24,13 +24,10 @@ from collections import deque
 import numpy as np
 import tensorflow as tf
 
+from tfgen.engine.options import DEFAULT_QUEUE_PER_SLOT, DEFAULT_STEPS_PER_CALL
 from tfgen.engine.slot_state import SlotState
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_STEPS_PER_CALL = 8
-#: Rows waiting for a slot, per slot, unless the server says otherwise.
-DEFAULT_QUEUE_PER_SLOT = 8
 _MIN_PROMPT_BUCKET = 8
 
 
@@ -322,4 +319,4 @@ def warm_up(engine: SlotEngine, timeout: float = 600.0) -> float:
     return time.perf_counter() - began
 
 
-__all__ = ["DEFAULT_STEPS_PER_CALL", "EngineFull", "EngineStopped", "ExportedSlots", "Row", "SlotEngine", "warm_up"]
+__all__ = ["EngineFull", "EngineStopped", "ExportedSlots", "Row", "SlotEngine", "warm_up"]

@@ -23,7 +23,7 @@ from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.random import derive_seeds
 from tfgen.decoding.state import DecodeInputs
 from tfgen.decoding.strategies import DecodingStrategy, strategy_for
-from tfgen.logits.pipeline import ResolvedProcessors, resolve_processors
+from tfgen.logits.pipeline import ResolvedProcessors, check_user_processors, resolve_processors
 from tfgen.request.buckets import DEFAULT_BUCKETS
 from tfgen.request.encoder import (
     ENCODER_DECODER_INPUTS,
@@ -166,6 +166,7 @@ def resolve_call(model, generation_config: GenerationConfig | None = None, optio
     that does not depend on its inputs, so that a caller running many calls alike (a batch job) resolves it once.
     Raises ValueError / TypeError naming the option; `stacklevel` as `warnings.warn`'s, from this function."""
     options = dict(options or {})
+    user_processors = check_user_processors(logits_processor)
     user_criteria, criteria_options, tokenizer = split_stopping_criteria(
         stopping_criteria, source_config(model, generation_config), options, tokenizer
     )
@@ -175,10 +176,10 @@ def resolve_call(model, generation_config: GenerationConfig | None = None, optio
     _warn_of_a_draft_length_without_drafter(config, mode, stacklevel + 1)
     strategy = strategy_for(mode)
     if strategy.check_model is not None:
-        strategy.check_model(model, assistant_model, config, logits_processor)
+        strategy.check_model(model, assistant_model, config, user_processors)
     processors = resolve_processors(config, int(model.config.vocab_size), num_beams=int(config.num_beams))
-    return ResolvedCall(config, explicit_max_length, mode, strategy, processors, tuple(logits_processor or ()),
-                        user_criteria, tokenizer, assistant_model)
+    return ResolvedCall(config, explicit_max_length, mode, strategy, processors, user_processors, user_criteria,
+                        tokenizer, assistant_model)
 
 
 def pad_token_id_of(config: GenerationConfig, vocab_size: int | None = None) -> int:
