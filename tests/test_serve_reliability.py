@@ -21,6 +21,7 @@ from test_serve import MAX_REQUEST_BYTES, MODEL, exports, load_tiny_export  # no
 
 from tfgen import serving
 from tfgen.serving import ModelServer, start_in_thread
+from tfgen.serving import http as serving_http
 from tfgen.serving.batching import RETRY_AFTER
 
 TIMEOUT = 0.5  # IDLE_TIMEOUT and BODY_TIMEOUT of the server under test
@@ -32,8 +33,8 @@ STATUS = f"/v1/models/{MODEL}"
 @pytest.fixture(scope="module")
 def server(exports):  # noqa: F811  (the imported fixture)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving, "IDLE_TIMEOUT", TIMEOUT)
-        patch.setattr(serving, "BODY_TIMEOUT", TIMEOUT)
+        patch.setattr(serving_http, "IDLE_TIMEOUT", TIMEOUT)
+        patch.setattr(serving_http, "BODY_TIMEOUT", TIMEOUT)
         served = ModelServer(load_tiny_export(exports), port=0, max_request_bytes=MAX_REQUEST_BYTES,
                              max_connections=MAX_CONNECTIONS)
         start_in_thread(served)
@@ -241,8 +242,8 @@ def test_a_body_shorter_than_its_length_gets_408_or_400_quickly(server):
 @pytest.mark.slow
 def test_the_connection_cap_answers_503_and_silent_clients_are_dropped_without_a_trace(server, monkeypatch):
     # Long enough for the silent connections to fill the cap while the extra one connects.
-    monkeypatch.setattr(serving, "IDLE_TIMEOUT", 2.0)
-    monkeypatch.setattr(serving, "BODY_TIMEOUT", 2.0)
+    monkeypatch.setattr(serving_http, "IDLE_TIMEOUT", 2.0)
+    monkeypatch.setattr(serving_http, "BODY_TIMEOUT", 2.0)
     assert wait_for(lambda: server.open_connections == 0)
     address = server.server_address[:2]
     silent = [socket.create_connection(address, timeout=30) for _ in range(MAX_CONNECTIONS - 1)]
