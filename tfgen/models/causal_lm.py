@@ -3,7 +3,6 @@ contrastive search, and `save_pretrained` (`tfgen.models.hf_weights`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -12,9 +11,8 @@ import tensorflow as tf
 
 from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
-from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.layers import positions_from_mask
-from tfgen.models.pretrained import load_pretrained
+from tfgen.models.pretrained import PretrainedModel
 
 
 class CausalLMOutput(NamedTuple):
@@ -25,7 +23,7 @@ class CausalLMOutput(NamedTuple):
     hidden_states: tf.Tensor
 
 
-class KerasCausalLM(TFGenerationMixin, keras.Model):
+class KerasCausalLM(PretrainedModel, TFGenerationMixin, keras.Model):
     """Base of the Keras 3 models. A subclass sets `config_class` and provides `_hidden_states(input_ids,
     attention_mask, position_ids, training)` (the final-norm hidden states of a plain forward), `_cached_forward(
     input_ids, cache, cache_index, attention_mask, position_ids)` (hidden states and the updated cache of
@@ -163,16 +161,6 @@ class KerasCausalLM(TFGenerationMixin, keras.Model):
         weights = tf.cast(keep, token_losses.dtype)
         return tf.reduce_sum(token_losses * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
 
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
-        set) that HF's `AutoModelForCausalLM.from_pretrained` loads."""
-        save_hf_checkpoint(self, directory)
-
-    @classmethod
-    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **options):
-        """This class from an HF directory or Hub id (`tfgen.models.pretrained.load_pretrained`: the keywords of
-        `tfgen.AutoModelForCausalLM.from_pretrained`); ValueError when the checkpoint holds another family."""
-        return load_pretrained(cls, path_or_repo_id, **options)
 
 
 class TransposedHeadView:

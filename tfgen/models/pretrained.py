@@ -13,6 +13,7 @@ from typing import Any
 import keras
 
 from tfgen.config.generation_config import GenerationConfig
+from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
 
 
@@ -77,3 +78,19 @@ def load_pretrained(model_class: type, path_or_repo_id: str | os.PathLike, *, dt
                          f"{model_class.__name__} (it loads {', '.join(model_class.model_types)})")
     return build_pretrained(model_class, config_dict, dtype, policy, directory / "config.json", directory,
                             lambda: read_safetensors_weights(directory))
+
+
+class PretrainedModel:
+    """What every family's Keras model shares with HF's `PreTrainedModel`: `from_pretrained` (this class from a
+    checkpoint) and `save_pretrained` (a checkpoint HF loads). A subclass sets `config_class` and `model_types`."""
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **options):
+        """This class from an HF directory or Hub id (`load_pretrained`: the keywords of
+        `tfgen.AutoModelForCausalLM.from_pretrained`); ValueError when the checkpoint holds another family."""
+        return load_pretrained(cls, path_or_repo_id, **options)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
+        set) that HF's `from_pretrained` of the same family loads."""
+        save_hf_checkpoint(self, directory)

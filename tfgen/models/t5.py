@@ -18,7 +18,6 @@ beam reorder within a prompt only needs to reorder `"decoder"` (gathering the wh
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -29,9 +28,9 @@ import tensorflow as tf
 from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.attention import attention_masks
-from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, save_hf_checkpoint, select_hf_tensors
+from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
-from tfgen.models.pretrained import load_pretrained
+from tfgen.models.pretrained import PretrainedModel
 from tfgen.models.t5_config import T5Config
 from tfgen.models.t5_layers import T5Block, position_bias, relative_bucket_table
 
@@ -52,7 +51,7 @@ class Seq2SeqLMOutput(NamedTuple):
     encoder_last_hidden_state: tf.Tensor
 
 
-class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
+class T5ForConditionalGeneration(PretrainedModel, TFGenerationMixin, keras.Model):
     """T5 with its LM head. Weights exist right after construction (HF's random init); a config whose weights cannot
     fit in the memory available is refused first (`T5Config.check_fits_in_memory`).
 
@@ -276,13 +275,3 @@ class T5ForConditionalGeneration(TFGenerationMixin, keras.Model):
         embedding once, as `shared.weight`, and `lm_head.weight` only when untied, as HF saves them)."""
         return hf_part_arrays(self.hf_parts)
 
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Writes `config.json` and `model.safetensors` (plus `generation_config.json` when `generation_config` is
-        set) that HF's `T5ForConditionalGeneration.from_pretrained` loads."""
-        save_hf_checkpoint(self, directory)
-
-    @classmethod
-    def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **options):
-        """T5 from an HF directory or Hub id (`tfgen.models.pretrained.load_pretrained`: the keywords of
-        `tfgen.AutoModelForSeq2SeqLM.from_pretrained`); ValueError when the checkpoint holds another family."""
-        return load_pretrained(cls, path_or_repo_id, **options)
