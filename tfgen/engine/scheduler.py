@@ -24,8 +24,9 @@ from collections import deque
 import numpy as np
 import tensorflow as tf
 
+from tfgen.config.knobs import KNOBS
 from tfgen.engine.options import DEFAULT_QUEUE_PER_SLOT, DEFAULT_STEPS_PER_CALL
-from tfgen.engine.slot_state import SlotState
+from tfgen.engine.slot_state import REQUEST_KNOBS, SlotState
 
 logger = logging.getLogger(__name__)
 _MIN_PROMPT_BUCKET = 8
@@ -54,9 +55,9 @@ class Row:
     max_new_tokens: int
     do_sample: bool = False
     seed: tuple = (0, 0)
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = KNOBS["temperature"].neutral
+    top_k: int = KNOBS["top_k"].neutral
+    top_p: float = KNOBS["top_p"].neutral
     listener: queue.SimpleQueue | None = None
     tokens: list = dataclasses.field(default_factory=list)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -241,9 +242,7 @@ class SlotEngine:
             "max_new_tokens": np.array([row.max_new_tokens for row in rows], np.int32),
             "seed": np.array([row.seed for row in rows], np.int32).reshape([count, 2]),
             "do_sample": np.array([row.do_sample for row in rows], bool),
-            "temperature": np.array([row.temperature for row in rows], np.float32),
-            "top_k": np.array([row.top_k for row in rows], np.int32),
-            "top_p": np.array([row.top_p for row in rows], np.float32),
+            **{name: np.array([getattr(row, name) for row in rows], KNOBS[name].dtype) for name in REQUEST_KNOBS},
         }
 
     def _deliver(self) -> None:

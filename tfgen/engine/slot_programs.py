@@ -31,12 +31,9 @@ from tfgen.config.knobs import KNOBS, WARPER_KNOBS
 from tfgen.decoding.model_protocol import capabilities
 from tfgen.decoding.rows import RowTokens, commit_per_row
 from tfgen.decoding.state import PromptBuffers, prompt_buffers, sample_from_scores
-from tfgen.engine.slot_state import SlotState
+from tfgen.engine.slot_state import REQUEST_KNOBS, SlotState
 from tfgen.logits.context import ProcessorContext
 from tfgen.logits.pipeline import apply_processors
-
-#: Per-row request values `insert` takes besides the row itself (the `sample` signature's, plus `do_sample`).
-REQUEST_KNOBS = ("temperature", "top_k", "top_p")
 
 
 class SlotPrograms:
@@ -235,4 +232,4 @@ class SlotPrograms:
                               generated=committed.generated, length=column + tf.cast(running, tf.int32))
 
 
-__all__ = ["REQUEST_KNOBS", "SlotPrograms"]
+__all__ = ["SlotPrograms"]

@@ -13,6 +13,9 @@ import tensorflow as tf
 
 #: The flat form's prefixes of the per-row knobs and of the cache leaves.
 KNOB_PREFIX, CACHE_PREFIX = "knob_", "cache_"
+#: The knobs a row joining the engine may set for itself (`SlotPrograms.insert`; the export's `sample` signature
+#: takes the same per row), besides the row, its budget, seed and `do_sample`.
+REQUEST_KNOBS = ("temperature", "top_k", "top_p")
 
 
 class SlotState(NamedTuple):

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfgen.config.knobs import KNOBS
 from tfgen.decoding.model_protocol import capabilities
-from tfgen.engine.slot_programs import REQUEST_KNOBS, SlotPrograms
+from tfgen.engine.slot_programs import SlotPrograms
+from tfgen.engine.slot_state import REQUEST_KNOBS
 from tfgen.export.signatures import SIGNATURES
 from tfgen.value_types import is_integer
 
@@ -30,7 +32,7 @@ SLOT_SIGNATURES = ("slot_init", "slot_insert", "slot_steps")
 INSERT_INPUTS = {
     "input_ids": (tf.int32, [None]), "attention_mask": (tf.int32, [None]), "width": (tf.int32, []),
     "slot": (tf.int32, []), "max_new_tokens": (tf.int32, []), "seed": (tf.int32, [2]), "do_sample": (tf.bool, []),
-    "temperature": (tf.float32, []), "top_k": (tf.int32, []), "top_p": (tf.float32, []),
+    **{name: (tf.as_dtype(KNOBS[name].dtype), []) for name in REQUEST_KNOBS},
 }
 DEFAULT_SLOTS = 8
 

@@ -20,8 +20,10 @@ from http import HTTPStatus
 import numpy as np
 import tensorflow as tf
 
+from tfgen.config.knobs import KNOBS
 from tfgen.decoding.strategies import STRATEGIES
 from tfgen.engine.scheduler import EngineFull, EngineStopped, ExportedSlots, Row, SlotEngine, warm_up
+from tfgen.engine.slot_state import REQUEST_KNOBS
 from tfgen.export.request_checks import request_checks
 from tfgen.export.signature_inputs import default_row_seeds
 from tfgen.serving.errors import RequestError, bad_request, error_text
@@ -84,15 +86,15 @@ def engine_rows(served, signature_name: str, inputs: dict) -> list[Row] | None:
     if not all(engine.fits(ids.shape[1], int(budget)) for budget in budgets):
         return None
     _check_prompt(info, ids, mask)
-    knobs = info["knobs"]
     if signature_name == "sample":
-        seeds, temperature, top_k, top_p = (inputs[name] for name in ("seed", "temperature", "top_k", "top_p"))
+        seeds, knobs = inputs["seed"], {name: inputs[name] for name in REQUEST_KNOBS}
     else:
+        # The export's config decides: its knob values (neutral where it leaves one off), keys from the prompt.
         seeds = _prompt_seeds(ids, mask) if do_sample else np.zeros([count, 2], np.int32)
-        temperature, top_k, top_p = (np.full([count], knobs.get(name, neutral))
-                                     for name, neutral in (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0)))
+        knobs = {name: np.full([count], info["knobs"].get(name, KNOBS[name].neutral)) for name in REQUEST_KNOBS}
     return [Row(ids[index], mask[index], int(budgets[index]), do_sample, tuple(int(v) for v in seeds[index]),
-                float(temperature[index]), int(top_k[index]), float(top_p[index])) for index in range(count)]
+                **{name: np.asarray(values[index]).item() for name, values in knobs.items()})
+            for index in range(count)]
 
 
 def _assemble(rows: list[Row], pad_token_id: int, budget_cap: int) -> dict:
