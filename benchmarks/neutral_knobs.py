@@ -233,10 +233,10 @@ class Cell:
 def processor_spec(request: str, variant: Variant, vocab_size: int):
     """The `ProcessorSpec` that `variant`'s program of `request` runs (as `generate` builds it)."""
     from tfgen.config.generation_config import GenerationConfig
-    from tfgen.logits.pipeline import processor_spec_from_config
+    from tfgen.logits.pipeline import resolve_processors
 
     with carrying(variant):
-        return processor_spec_from_config(GenerationConfig(**REQUESTS[request], eos_token_id=None), vocab_size)
+        return resolve_processors(GenerationConfig(**REQUESTS[request], eos_token_id=None), vocab_size).spec
 
 
 def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[Variant], options) -> dict:
@@ -250,12 +250,12 @@ def isolated_pipeline(request: str, batch: int, vocab_size: int, variants: list[
     from tfgen.config.generation_config import GenerationConfig
     from tfgen.decoding.state import sample_from_scores
     from tfgen.logits.context import ProcessorContext
-    from tfgen.logits.pipeline import apply_processors, processor_knobs_from_config
+    from tfgen.logits.pipeline import apply_processors, resolve_processors
 
     steps, prompt_len = options.new_tokens, options.prompt_len
     width = prompt_len + steps
     config = GenerationConfig(**REQUESTS[request], eos_token_id=None)
-    knobs = {name: tf.constant(value) for name, value in processor_knobs_from_config(config, batch, vocab_size).items()}
+    knobs = {name: tf.constant(value) for name, value in resolve_processors(config, vocab_size).knobs(batch).items()}
     logits = tf.constant(np.random.default_rng(0).standard_normal((batch, vocab_size), dtype=np.float32) * 3)
     prompt = tf.constant(bench_prompt(batch, prompt_len, vocab_size))
     seeds = tf.constant(np.stack([np.arange(batch), np.full(batch, 7)], -1).astype(np.int32))

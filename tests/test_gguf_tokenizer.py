@@ -141,3 +141,17 @@ def test_hub_options_are_refused_with_a_gguf_file(tmp_path):
     with pytest.raises(ValueError, match=r"revision, token are Hub options"):
         AutoTokenizer.from_pretrained(tmp_path / "absent.gguf", revision="main", token=False)
     assert AutoTokenizer.from_pretrained(path, local_files_only=True).vocab_size == VOCAB
+
+
+def test_tokenizer_of_hf_files_points_a_gguf_file_to_auto_tokenizer(tmp_path, monkeypatch):
+    """`Tokenizer` reads HF tokenizer files only: given a file, it says which loader takes it, without asking the
+    Hub about a local path."""
+    import huggingface_hub
+
+    from tfgen.text.tokenizer import Tokenizer
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **options: pytest.fail("asked the Hub"))
+    path = _file(tmp_path)
+    with pytest.raises(OSError, match=r"m\.gguf' is a file.*tfgen\.AutoTokenizer\.from_pretrained"):
+        Tokenizer.from_pretrained(path)
+    assert AutoTokenizer.from_pretrained(path).vocab_size == VOCAB

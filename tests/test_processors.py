@@ -14,12 +14,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from tfgen.logits.context import ProcessorContext
-from tfgen.logits.pipeline import (
-    LogitsProcessor,
-    apply_processors,
-    processor_knobs_from_config,
-    processor_spec_from_config,
-)
+from tfgen.logits.pipeline import LogitsProcessor, apply_processors, resolve_processors
 
 VOCAB = 48
 BATCH = 3
@@ -78,8 +73,8 @@ def context(cur_len, *, prompt_len=PROMPT_LEN, max_length=20, buffer=BUFFER) -> 
 
 def ours(options, scores, cur_len, *, prompt_len=PROMPT_LEN, buffer=BUFFER, user_processors=()):
     config = transformers.GenerationConfig(**options)
-    spec = processor_spec_from_config(config, VOCAB, num_beams=config.num_beams)
-    knobs = processor_knobs_from_config(config, buffer.shape[0], VOCAB)
+    resolved = resolve_processors(config, VOCAB, num_beams=config.num_beams)
+    spec, knobs = resolved.spec, resolved.knobs(buffer.shape[0])
     ctx = context(cur_len, prompt_len=prompt_len, max_length=config.max_length, buffer=buffer)
     return apply_processors(spec, scores, ctx, knobs, user_processors).numpy()
 
@@ -191,8 +186,8 @@ PER_ROW_VALUES = {  # one value per row; neutral values must leave their row unt
 def per_row_knobs(spec_options, values):
     """Spec and knobs for `spec_options`, with the per-row knobs of `values` replaced."""
     config = transformers.GenerationConfig(**spec_options)
-    spec = processor_spec_from_config(config, VOCAB)
-    knobs = processor_knobs_from_config(config, BATCH, VOCAB)
+    resolved = resolve_processors(config, VOCAB)
+    spec, knobs = resolved.spec, resolved.knobs(BATCH)
     for name, row_values in values.items():
         knobs[name] = np.asarray(row_values, knobs[name].dtype)
     return spec, knobs
@@ -255,25 +250,34 @@ def test_sampling_candidates(top_ks, tie_width, complete):
             np.testing.assert_array_equal(ids, np.sort(np.argsort(-scores, axis=1)[:, :8], axis=1))
         holds_all = all(set(np.flatnonzero(np.isfinite(row))) <= set(row_ids) for row, row_ids in zip(plain, ids))
         assert bool(candidates.complete) == holds_all == complete
-    no_top_k = processor_spec_from_config(types.SimpleNamespace(do_sample=True, top_p=0.9), VOCAB)
+    no_top_k = resolve_processors(types.SimpleNamespace(do_sample=True, top_p=0.9), VOCAB).spec
     assert apply_processors(no_top_k, SCORES, context(7), knobs, return_candidates=True)[1] is None
+
+
+def test_the_knob_schema_names_the_declared_warpers_in_order():
+    """The warpers are declared as processors (`tfgen.logits.warpers`) and flagged in the knob schema, which the
+    config layer reads (HF's sampling-only options): both lists must be one."""
+    from tfgen.config.knobs import WARPER_KNOBS
+    from tfgen.logits.pipeline import PIPELINE
+
+    assert tuple(processor.name for processor in PIPELINE if processor.warper) == WARPER_KNOBS
 
 
 def test_top_k_cap_rule():
     config = types.SimpleNamespace(do_sample=True, top_k=5)
-    assert processor_spec_from_config(config, VOCAB).top_k_cap == 0  # 64 >= vocabulary: sort everything
-    assert processor_spec_from_config(config, 1000).top_k_cap == 64
-    assert processor_spec_from_config(types.SimpleNamespace(do_sample=True, top_k=100), 1000).top_k_cap == 128
-    assert not processor_spec_from_config(types.SimpleNamespace(do_sample=False, top_k=100), 1000).is_on("top_k")
+    assert resolve_processors(config, VOCAB).spec.top_k_cap == 0  # 64 >= vocabulary: sort everything
+    assert resolve_processors(config, 1000).spec.top_k_cap == 64
+    assert resolve_processors(types.SimpleNamespace(do_sample=True, top_k=100), 1000).spec.top_k_cap == 128
+    assert not resolve_processors(types.SimpleNamespace(do_sample=False, top_k=100), 1000).spec.is_on("top_k")
 
 
 def test_min_tokens_to_keep_only_shapes_beam_sampling():
     """The number of eos ids changes min_tokens_to_keep, a static part of the program key; without sampling no
     warper reads it, so plain beam search with 1 or 3 eos ids must select the same program."""
-    spec = lambda **options: processor_spec_from_config(types.SimpleNamespace(**options), VOCAB, num_beams=4)  # noqa
+    spec = lambda **options: resolve_processors(types.SimpleNamespace(**options), VOCAB, num_beams=4).spec  # noqa
     assert spec(do_sample=False, eos_token_id=2) == spec(do_sample=False, eos_token_id=[2, 3, 4])
     assert spec(do_sample=False, eos_token_id=[2, 3, 4]).min_tokens_to_keep == 1
-    sampled = processor_spec_from_config(types.SimpleNamespace(do_sample=True, eos_token_id=[2, 3]), VOCAB, num_beams=4)
+    sampled = resolve_processors(types.SimpleNamespace(do_sample=True, eos_token_id=[2, 3]), VOCAB, num_beams=4).spec
     assert sampled.min_tokens_to_keep == 3
 
 
@@ -310,7 +314,7 @@ def test_user_processors_run_between_processors_and_warpers():
 @pytest.mark.parametrize("bad", [42, BoostLastToken])
 def test_user_processor_type_is_checked(bad):
     with pytest.raises(TypeError, match="logits_processor"):
-        apply_processors(processor_spec_from_config(types.SimpleNamespace(), VOCAB), SCORES, context(6), {}, [bad])
+        apply_processors(resolve_processors(types.SimpleNamespace(), VOCAB).spec, SCORES, context(6), {}, [bad])
 
 
 def test_xla_matches_eager():
@@ -319,7 +323,7 @@ def test_xla_matches_eager():
         exponential_decay_length_penalty=(1, 1.2), min_length=8, eos_token_id=EOS,
     )
     config = transformers.GenerationConfig(**options)
-    spec = processor_spec_from_config(config, VOCAB).forced({"top_k": 16})
+    spec = resolve_processors(config, VOCAB).spec.forced({"top_k": 16})
     user = (BoostLastToken(),)
     compiled = tf.function(
         lambda scores, ctx, knobs: apply_processors(spec, scores, ctx, knobs, user), jit_compile=True
@@ -327,7 +331,7 @@ def test_xla_matches_eager():
     buffer = BUFFER.copy()
     buffer[:, -1] = -7  # an unwritten column holding an invalid id must be harmless
     for top_ks in ([12, 12, 12], [12, 0, 30]):  # every row top-k filtered (candidate path), then not
-        knobs = processor_knobs_from_config(config, BATCH, VOCAB)
+        knobs = resolve_processors(config, VOCAB).knobs(BATCH)
         knobs["top_k"] = np.array(top_ks, np.int32)
         knobs = {name: tf.constant(value) for name, value in knobs.items()}
         for cur_len in (1, 6, 9, 13):
@@ -350,13 +354,13 @@ def test_xla_matches_eager():
 )
 def test_invalid_options_raise(options, option_name):
     with pytest.raises(ValueError, match=option_name):
-        processor_spec_from_config(types.SimpleNamespace(**options), VOCAB)
+        resolve_processors(types.SimpleNamespace(**options), VOCAB)
 
 
 def test_missing_knob_is_named():
     config = types.SimpleNamespace(do_sample=True, top_p=0.5)
-    spec = processor_spec_from_config(config, VOCAB)
-    knobs = processor_knobs_from_config(config, SCORES.shape[0], VOCAB)
+    resolved = resolve_processors(config, VOCAB)
+    spec, knobs = resolved.spec, resolved.knobs(SCORES.shape[0])
     del knobs["top_p"]
     with pytest.raises(ValueError, match="top_p"):
         apply_processors(spec, SCORES, context(6), knobs)

@@ -84,16 +84,6 @@ def resolve_processors(config, vocab_size: int, *, num_beams: int = 1) -> Resolv
     return ResolvedProcessors(ProcessorSpec(active, env.min_tokens_to_keep), values, env)
 
 
-def processor_spec_from_config(config, vocab_size: int, *, num_beams: int = 1) -> ProcessorSpec:
-    """`resolve_processors(...).spec`."""
-    return resolve_processors(config, vocab_size, num_beams=num_beams).spec
-
-
-def processor_knobs_from_config(config, batch_size: int, vocab_size: int) -> dict[str, np.ndarray]:
-    """`resolve_processors(...).knobs(batch_size)`."""
-    return resolve_processors(config, vocab_size).knobs(batch_size)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Running the pipeline
 

@@ -79,6 +79,10 @@ class Tokenizer(BaseTokenizer):
                 naming the file, when one of the files is malformed (not JSON, not an object, a `tokenizer.json`
                 that the `tokenizers` library rejects); a special-token entry of the wrong type is a ValueError.
         """
+        if os.path.isfile(path_or_repo_id):
+            # A file is never a Hub id: say what to do rather than what the Hub lookup of a file path would say.
+            raise OSError(f"{os.fspath(path_or_repo_id)!r} is a file, not a folder of tokenizer files; a GGUF file's "
+                          "tokenizer loads with tfgen.AutoTokenizer.from_pretrained")
         directory = resolve_checkpoint_directory(
             os.fspath(path_or_repo_id), revision, cache_dir, token, local_files_only
         )
