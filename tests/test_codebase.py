@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -157,3 +158,28 @@ def test_the_package_root_holds_entry_points_and_leaf_utilities_only():
     root = {path.stem for path in PACKAGE.glob("*.py")}
     assert root == ROOT_MODULES
     assert {name: sorted(graph[f"tfgen.{name}"]) for name in LEAF_UTILITIES if graph[f"tfgen.{name}"]} == {}
+
+
+OPTIONAL_DEPENDENCIES = ("keras_hub", "tensorflow_text", "tensorflow_serving", "grpc")
+
+
+def test_optional_dependencies_stay_optional():
+    """With keras-hub, TF Text and the TF Serving stubs missing (the extras not installed), the Auto classes load and
+    generate: no tfgen module a plain generate imports pulls them in at its top."""
+    code = (
+        "import importlib.abc, sys\n"
+        "class Missing(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {OPTIONAL_DEPENDENCIES!r}:\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Missing())\n"
+        "import tfgen\n"
+        "from tfgen.hub.default_model import default_model_path\n"
+        "model = tfgen.AutoModelForCausalLM.from_pretrained(default_model_path())\n"
+        "tokenizer = tfgen.AutoTokenizer.from_pretrained(default_model_path())\n"
+        "ids = tokenizer('def f(x):')['input_ids']\n"
+        "print(model.generate(ids, max_new_tokens=2, do_sample=False, jit_compile=False).shape[1] - ids.shape[1])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "2"
