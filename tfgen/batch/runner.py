@@ -17,6 +17,7 @@ import tensorflow as tf
 from tfgen.batch.options import DEFAULT_MAX_NEW_TOKENS, WINDOW_GROUPS
 from tfgen.batch.planning import Group, check_job_seed, plan_window, row_seeds, steps, windows
 from tfgen.batch.rows import PromptTable, RowRules
+from tfgen.generation import compile_cache
 from tfgen.generation.programs import announce_compile, generate_program
 from tfgen.request.buckets import DEFAULT_BUCKETS
 from tfgen.request.prepare import (
@@ -242,7 +243,18 @@ class BatchRunner:
         )
         guard = self.around_compile() if is_new else contextlib.nullcontext()
         with guard, announce_compile(requests[0], is_new, what=f"generate on {self.replicas} replica(s)"):
-            new_tokens, lengths = (tensor.numpy() for tensor in step_function(inputs))
+            try:
+                outputs = step_function(inputs)
+            except tf.errors.OpError as error:
+                # A program the compile cache gave that TensorFlow could not use: the cache deletes its entries,
+                # and the step runs on programs traced anew (programs.HealingProgram).
+                if not (is_new and compile_cache.heal(error)):
+                    raise
+                del self._step_functions[requests[0].spec]
+                generate_program(self.model, requests[0])[0].renew()
+                step_function, _ = self._step_function(requests[0])
+                outputs = step_function(inputs)
+            new_tokens, lengths = (tensor.numpy() for tensor in outputs)
         # Strategies that return several rows per prompt (beams) put the chosen one first.
         rows_per_prompt = len(new_tokens) // self.replicas // requests[0].spec.batch_size
         results = []

@@ -17,13 +17,14 @@ The cache starts in two steps, so that `import tfgen` creates no file, folder or
 
 Two properties of TensorFlow's cache shape this module:
 
-* An entry TensorFlow cannot load (truncated, overwritten) fails the call instead of recompiling, and an entry
-  written by another TensorFlow build, for another CPU or under other XLA flags would load code built for them.
-  So the entries live in a store per TensorFlow build, host and XLA flags (`store_directory()`), each file named
-  after its SHA-256, and TensorFlow itself only sees a private directory per process, holding hard links to the
-  store entries whose content still matches their name. Entries that do not match are deleted (their program
-  compiles again). At exit the entries TensorFlow wrote in this process move into the store, and the oldest
-  entries beyond `MAX_STORE_BYTES` are deleted.
+* An entry TensorFlow cannot load fails the call instead of recompiling, and an entry written by another
+  TensorFlow build, for another CPU or under other XLA flags would load code built for them. So the entries live
+  in a store per TensorFlow build, host and XLA flags (`store_directory()`), each file named after its SHA-256,
+  and TensorFlow only sees a private directory per process, holding hard links to the store entries that pass
+  `cache_entries.stored_entry_problem` (a regular file, never read through a link, whose checksum, key and HLO
+  match); the others are deleted with one warning and their programs compile again. A first call that fails
+  anyway has `heal()` delete what this process took from the store and runs again (`programs.HealingProgram`).
+  At exit the entries TensorFlow wrote move into the store; the oldest beyond `MAX_STORE_BYTES` are deleted.
 * TensorFlow keys an entry by the traced function's name and HLO, and the name carries a per-process trace
   counter: a process hits the cache when it traces the same functions in the same order, as repeated `tfgen`
   commands do.
@@ -51,6 +52,8 @@ import shutil
 import threading
 from pathlib import Path
 
+from tfgen.generation.cache_entries import stored_entry_problem
+
 logger = logging.getLogger(__name__)
 
 ENABLE_VARIABLE = "TFGEN_COMPILE_CACHE"
@@ -76,6 +79,9 @@ _configured_pid: int | None = None
 _off_reason: str | None = None
 _started = False
 _start_lock = threading.Lock()
+# The thread that filled this process's private directory (None before start() or without the cache): what heal()
+# deletes when a program loaded from the cache fails.
+_filler: _Filler | None = None
 
 
 def enabled() -> bool:
@@ -188,9 +194,38 @@ def _start(private: Path) -> None:
         _remove_abandoned_runs(runs)
     except OSError:  # another process is removing them too: what is left goes at a later start
         pass
-    filler = _Filler(private, store)
+    global _filler
+    filler = _filler = _Filler(private, store)
     filler.start()
     atexit.register(_publish, filler, os.getpid())
+
+
+def heal(error: BaseException) -> bool:
+    """Called when a compiled program's first call failed with `error` (a TensorFlow error): TensorFlow may have
+    read an entry from this cache that it could not use, and it does not say which. So this deletes every entry
+    this process took from the store (from the store and the private directory), stops taking more, logs one
+    warning and returns True: the caller runs the program once more, traced anew (TensorFlow remembers the failure
+    of the traced function for the rest of the process), and it compiles. Returns False when this process took no
+    entry from the store (the failure is not the cache's: the caller raises it)."""
+    filler = _filler
+    if filler is None:
+        return False
+    filler.stopping.set()
+    filler.join()
+    with _start_lock:
+        taken = sorted(filler.sources.items())
+        for name, source in taken:
+            source.unlink(missing_ok=True)
+            (filler.private / name).unlink(missing_ok=True)
+            filler.linked.discard(name)
+            del filler.sources[name]
+    if not taken:
+        return False
+    summary = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    logger.warning("tfgen's compile cache: a program loaded from it failed (%s: %s); removed the %d entr%s this "
+                   "process took from the cache and compiling again", type(error).__name__, summary, len(taken),
+                   "y" if len(taken) == 1 else "ies")
+    return True
 
 
 def _user_xla_flags() -> str:
@@ -263,8 +298,8 @@ def _alive(pid: int) -> bool:
 
 
 class _Filler(threading.Thread):
-    """Links each store entry whose content matches its SHA-256 into the private directory under TensorFlow's
-    name, newest first, and deletes the entries that do not match.
+    """Links each healthy store entry (`cache_entries.stored_entry_problem`) into the private directory under
+    TensorFlow's name, newest first, and deletes the others, with one warning listing them.
 
     It runs in a thread so that the first compiled program does not wait for the hashing: TensorFlow looks for an
     entry only after tracing the program, and compiles the program itself when the entry is not there yet.
@@ -275,20 +310,41 @@ class _Filler(threading.Thread):
         self.private = private
         self.store = store
         self.linked: set[str] = set()
+        #: The store entry each linked name came from (what `heal` deletes).
+        self.sources: dict[str, Path] = {}
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        removed: list[str] = []
         try:
+            status = self.store.stat()
+            if status.st_uid != getattr(os, "geteuid", lambda: status.st_uid)() or status.st_mode & 0o002:
+                # An entry is machine code this process runs: only its user may have written it.
+                logger.warning("tfgen's compile cache does not load from %s: another user owns it or may write to "
+                               "it; its programs compile", self.store)
+                return
             for path, name, digest in _stored_entries(self.store):
                 if self.stopping.is_set():
                     return
-                if name in self.linked or _digest(path) != digest:
+                if name in self.linked:
                     # Two processes that compiled the same program both stored it: the newest entry is enough.
                     path.unlink(missing_ok=True)
+                    continue
+                problem = stored_entry_problem(path, name, digest, MAX_STORE_BYTES)
+                if problem is not None:
+                    path.unlink(missing_ok=True)
+                    removed.append(f"{name}: {problem}")
                 elif self._link(path, self.private / name):
                     self.linked.add(name)
+                    self.sources[name] = path
         except OSError as error:  # the store was deleted or made unreadable: the programs compile
             logger.warning("tfgen's compile cache could not read %s: %s", self.store, error)
+        finally:
+            if removed:
+                logger.warning("tfgen's compile cache removed %d damaged entr%s (%s); %s compile%s again",
+                               len(removed), "y" if len(removed) == 1 else "ies", "; ".join(removed),
+                               "its program" if len(removed) == 1 else "their programs",
+                               "s" if len(removed) == 1 else "")
 
     @staticmethod
     def _link(path: Path, target: Path) -> bool:
@@ -314,7 +370,8 @@ def _stored_entries(store: Path) -> list[tuple[Path, str, str]]:
         match = _STORED_ENTRY.fullmatch(path.name)
         if match:
             try:
-                entries.append((path.stat().st_mtime_ns, path, match["name"], match["digest"]))
+                # lstat: a symbolic link is an entry of its own (removed by the filler), never its target.
+                entries.append((path.lstat().st_mtime_ns, path, match["name"], match["digest"]))
             except FileNotFoundError:  # another process deleted it meanwhile
                 continue
     return [entry[1:] for entry in sorted(entries, reverse=True)]
@@ -346,7 +403,7 @@ def _publish(filler: _Filler, owner_pid: int) -> None:
     kept = 0
     try:
         for path, _, _ in _stored_entries(filler.store):
-            kept += path.stat().st_size
+            kept += path.lstat().st_size
             if kept > MAX_STORE_BYTES:
                 path.unlink()
     except OSError:  # another process is trimming too, or the store is gone: trimmed at a later exit

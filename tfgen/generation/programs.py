@@ -72,13 +72,43 @@ def cached_program(model, key: tuple, function: Callable, input_signature: list,
     if jit_compile:
         # Its first call compiles with XLA: the persistent cache's folders, thread and exit hook start now.
         compile_cache.start()
-        program = tf.function(
+        program = HealingProgram(lambda: tf.function(
             traced, input_signature=input_signature, jit_compile=True, reduce_retracing=False, autograph=autograph
-        )
+        ))
     else:
         program = function
     cache.functions[key] = program
     return program, True
+
+
+class HealingProgram:
+    """A `tf.function(jit_compile=True)` (made by `make`) whose first call may load its executable from the
+    persistent compile cache: when that call fails with a TensorFlow error and the cache took entries from its
+    store, the cache deletes them (`compile_cache.heal`, one warning) and the call runs once more on the function
+    made anew — TensorFlow remembers a failed compile per traced function, so the same one would fail again. Calls
+    inside another function's trace (a batch job's step) pass through; their caller heals."""
+
+    def __init__(self, make: Callable):
+        self.make = make
+        self.function = make()
+        self.proven = False
+
+    def __call__(self, *args):
+        if self.proven or not tf.executing_eagerly():
+            return self.function(*args)
+        try:
+            result = self.function(*args)
+        except tf.errors.OpError as error:
+            if not compile_cache.heal(error):
+                raise
+            self.renew()
+            result = self.function(*args)
+        self.proven = True
+        return result
+
+    def renew(self) -> None:
+        """Replaces the function by a new one (traced and compiled at its first call)."""
+        self.function = self.make()
 
 
 def generate_program(model, request: Request, jit_compile: bool = True):
