@@ -221,7 +221,9 @@ def heal(error: BaseException) -> bool:
             del filler.sources[name]
     if not taken:
         return False
-    summary = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    # A graph's error opens with "Graph execution error:" and the trace of the node: say what failed instead.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and not line[0].isspace()]
+    summary = next((line for line in lines if not line.endswith(":")), "")[:200]
     logger.warning("tfgen's compile cache: a program loaded from it failed (%s: %s); removed the %d entr%s this "
                    "process took from the cache and compiling again", type(error).__name__, summary, len(taken),
                    "y" if len(taken) == 1 else "ies")
