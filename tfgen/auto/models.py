@@ -16,6 +16,7 @@ from tfgen.gguf.files import open_gguf
 from tfgen.gguf.tensors import read_hf_tensors
 from tfgen.keras_hub.adapter import from_preset as keras_hub_preset
 from tfgen.keras_hub.presets import is_keras_hub_preset
+from tfgen.local_files import file_present
 from tfgen.models.gpt2 import GPT2LMHeadModel
 from tfgen.models.llama import LlamaForCausalLM
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
@@ -159,7 +160,7 @@ def load_generation_model(path_or_repo_id: str | os.PathLike, **options):
     `AutoModelForCausalLM` (what the command line loads `--model` with); `options` go to `from_pretrained`."""
     if not (is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id)):
         config_file = Path(path_or_repo_id) / "config.json"
-        model_type = read_config_dict(config_file.parent).get("model_type") if config_file.is_file() else None
+        model_type = read_config_dict(config_file.parent).get("model_type") if file_present(config_file) else None
         if model_type in MODEL_FOR_SEQ2SEQ_LM_MAPPING:
             return AutoModelForSeq2SeqLM.from_pretrained(path_or_repo_id, **options)
     return AutoModelForCausalLM.from_pretrained(path_or_repo_id, **options)

@@ -7,6 +7,8 @@ May import every tfgen package.
 
 from __future__ import annotations
 
+from tfgen.local_files import read_json_file
+
 
 def add_model_argument(parser) -> None:
     """The `--model` option of the commands that load a model (generate, batch, export), as
@@ -58,10 +60,9 @@ def add_structured_arguments(parser, what: str) -> None:
 
 def structured_options(args) -> dict:
     """`{"regex": ...}` or `{"json_schema": dict}` of the `add_structured_arguments` flags given (empty: neither),
-    read before the model loads: ValueError naming the flag for a file that cannot be read or is not a JSON
-    object (the CLI prints it as one line, status 2)."""
-    import json
-
+    read before the model loads: ValueError naming the flag for a file that cannot be read, is not a regular file
+    (a FIFO, a device), is over `tfgen.local_files.JSON_FILE_CAP` or is not a JSON object (the CLI prints it as one
+    line, status 2)."""
     if args.regex is not None:
         if not args.regex:
             raise ValueError("--regex: the pattern is empty")
@@ -69,12 +70,10 @@ def structured_options(args) -> dict:
     if args.json_schema is None:
         return {}
     try:
-        with open(args.json_schema, encoding="utf-8") as file:
-            schema = json.load(file)
+        # A regular file under the JSON cap: a FIFO or /dev/zero is refused before it is opened.
+        schema = read_json_file(args.json_schema)
     except OSError as error:
-        raise ValueError(f"--json-schema: cannot read {args.json_schema!r}: {error.strerror or error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"--json-schema: {args.json_schema!r} is not JSON text: {error}") from None
+        raise ValueError(f"--json-schema: {error}") from None
     if not isinstance(schema, dict):
         raise ValueError(f"--json-schema: {args.json_schema!r} holds a JSON {type(schema).__name__}, not a schema "
                          "object")

@@ -22,6 +22,7 @@ import huggingface_hub
 
 from tfgen.config.knobs import WARPER_KNOBS
 from tfgen.config.rules import OUTPUT_FLAGS, check_options, no_effect_issues
+from tfgen.local_files import file_present, read_json_file
 
 __all__ = ["GENERATION_CONFIG_NAME", "SAMPLING_ONLY_NEUTRAL", "GenerationConfig", "GenerationMode"]
 
@@ -199,17 +200,12 @@ class GenerationConfig:
         path = Path(path_or_repo_id)
         if path.is_dir():
             path = path / config_file_name
-            if not path.is_file():
+            if not file_present(path, "the generation config"):
                 raise OSError(f"Directory {str(path_or_repo_id)!r} has no {config_file_name!r}.")
-        elif not path.is_file():
+        elif not file_present(path, "the generation config"):
             path = _download_from_hub(str(path_or_repo_id), config_file_name, revision=revision,
                                       cache_dir=cache_dir, token=token, local_files_only=bool(local_files_only))
-        try:
-            config_dict = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise OSError(f"{str(path)!r} is not a valid JSON file: {err}") from err
-        except OSError as err:  # unreadable: permissions, a directory of that name, ...
-            raise OSError(f"cannot read {str(path)!r}: {err}") from err
+        config_dict = read_json_file(path, "the generation config")
         if not isinstance(config_dict, dict):
             raise OSError(f"{str(path)!r} does not hold a JSON object.")
         try:

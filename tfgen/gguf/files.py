@@ -6,6 +6,9 @@ import functools
 import os
 from typing import Any
 
+from tfgen.gguf.layout import check_layout
+from tfgen.local_files import check_regular_file
+
 GGUF_MAGIC = b"GGUF"
 _MISSING = object()
 
@@ -22,6 +25,7 @@ def is_gguf_path(path: Any) -> bool:
     if path.lower().endswith(".gguf"):
         return True
     try:
+        check_regular_file(path)  # before opening: a FIFO's open would wait for a writer
         with open(path, "rb") as file:
             return file.read(len(GGUF_MAGIC)) == GGUF_MAGIC
     except OSError:
@@ -45,14 +49,10 @@ def refuse_hub_options(path: str | os.PathLike, kind: str = "GGUF file", **optio
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     """The parsed GGUF file at `path`. The last file opened is kept (keyed by its real path, size and modification
     time), so that loading a tokenizer and then a model from one file parses it once: gguf-py's reader takes ~3 s
-    on a 49k-token vocabulary. Raises `OSError` naming the file when it is missing or not a readable GGUF file."""
+    on a 49k-token vocabulary. Raises `OSError` naming the file when it is missing, not a regular file (a FIFO, a
+    device) or not a readable GGUF file, and the errors of `tfgen.gguf.layout.check_layout` (checked first)."""
     path = os.fspath(path)
-    try:
-        stat = os.stat(path)
-    except OSError as error:
-        raise OSError(f"cannot open the GGUF file {path!r}: {error.strerror or error}") from None
-    if not os.path.isfile(path):
-        raise OSError(f"{path!r} is not a GGUF file (not a regular file)")
+    stat = check_regular_file(path, "the GGUF file")
     return _open_cached(os.path.realpath(path), stat.st_size, stat.st_mtime_ns, path)
 
 
@@ -74,6 +74,8 @@ class GGUFFile:
         import gguf  # lazy: only GGUF loading needs it
 
         self.path = path
+        # gguf-py trusts the lengths and offsets the file claims: check them as llama.cpp does first.
+        check_layout(real_path, path)
         try:
             reader = gguf.GGUFReader(real_path)
         # The reader fails with ValueError, IndexError or struct errors depending on where the bytes stop making sense.

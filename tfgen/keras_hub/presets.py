@@ -6,9 +6,10 @@ dependency, with an error that says how to install it."""
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
+
+from tfgen.local_files import read_json_file
 
 
 def is_keras_hub_preset(path) -> bool:
@@ -18,8 +19,8 @@ def is_keras_hub_preset(path) -> bool:
     if not metadata.is_file():
         return False
     try:
-        return "keras_hub_version" in json.loads(metadata.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+        return "keras_hub_version" in read_json_file(metadata)
+    except (OSError, TypeError):  # unreadable, or not an object: not a preset
         return False
 
 

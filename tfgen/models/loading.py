@@ -12,6 +12,8 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
+from tfgen.local_files import file_present, read_json_file
+
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
@@ -71,12 +73,10 @@ def resolve_model_directory(
 
 
 def read_config_dict(directory: str | os.PathLike) -> dict[str, Any]:
-    """The parsed `config.json` of a checkpoint directory; `OSError` when absent or not a JSON object."""
+    """The parsed `config.json` of a checkpoint directory; `OSError` naming the file when it is absent, not a regular
+    file, over `tfgen.local_files.JSON_FILE_CAP`, or not a JSON object."""
     path = Path(directory) / "config.json"
-    try:
-        config_dict = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise OSError(f"cannot read the model config {str(path)!r}: {error}") from error
+    config_dict = read_json_file(path, "the model config")
     if not isinstance(config_dict, dict):
         raise OSError(f"{str(path)!r} does not hold a JSON object")
     return config_dict
@@ -86,10 +86,10 @@ def read_safetensors_weights(directory: str | os.PathLike) -> dict[str, np.ndarr
     """All tensors of a checkpoint directory, by name: `model.safetensors`, or the shards listed in
     `model.safetensors.index.json`. Raises `OSError` naming the file for pickled weights only (`*.bin`, `*.pt`), a
     malformed index, an index entry whose shard lies outside the directory (absolute, `..`, or a link leading out),
-    a missing shard, and a truncated or corrupt safetensors file."""
+    a missing shard, a file that is not a regular one (a FIFO, a device) and a truncated or corrupt safetensors file."""
     directory = Path(directory)
     index_path = directory / SAFE_WEIGHTS_INDEX_NAME
-    if index_path.is_file():
+    if file_present(index_path, "the safetensors index"):
         weight_map = _read_weight_map(index_path)
         shards = {}  # shard file -> the first tensor that names it (to say which entry is wrong)
         for tensor_name, shard_name in weight_map.items():
@@ -104,7 +104,7 @@ def read_safetensors_weights(directory: str | os.PathLike) -> dict[str, np.ndarr
         if absent:
             raise OSError(f"{str(index_path)!r} lists tensors missing from their shards: {absent}")
         return tensors
-    if (directory / SAFE_WEIGHTS_NAME).is_file():
+    if file_present(directory / SAFE_WEIGHTS_NAME, "the weights file"):
         return _load_file(directory / SAFE_WEIGHTS_NAME)
     pickles = sorted(path.name for pattern in ("*.bin", "*.pt", "*.pth") for path in directory.glob(pattern))
     found = f" (it has {pickles})" if pickles else ""
@@ -116,9 +116,10 @@ def read_safetensors_weights(directory: str | os.PathLike) -> dict[str, np.ndarr
 
 def _read_weight_map(index_path: Path) -> dict[str, str]:
     """The index's `weight_map` (tensor name -> shard file name), checked to be one."""
+    index = read_json_file(index_path, "the safetensors index")
     try:
-        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        weight_map = index["weight_map"]
+    except (KeyError, TypeError) as error:
         problem = f"{type(error).__name__}: {error}"
         raise OSError(f"{str(index_path)!r} is not a valid safetensors index ({problem})") from None
     if not isinstance(weight_map, dict) or not all(
@@ -136,7 +137,11 @@ def _check_shard_path(directory: Path, index_path: Path, tensor_name: str, shard
     if Path(shard_name).is_absolute() or ".." in Path(shard_name).parts:
         raise OSError(f"{entry} must be a file name inside the model directory (no absolute path, no '..')")
     shard = directory / shard_name
-    if not shard.is_file():
+    try:
+        present = file_present(shard, "its shard")
+    except OSError as error:  # a FIFO, a device, a broken link: say which entry names it
+        raise OSError(f"{entry}: {error}") from None
+    if not present:
         raise OSError(f"{entry} names a shard that is missing from {str(directory)!r}")
     root = directory.resolve()
     allowed = [root] + ([root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [])

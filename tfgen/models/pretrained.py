@@ -13,6 +13,7 @@ from typing import Any
 import keras
 
 from tfgen.config.generation_config import GenerationConfig
+from tfgen.local_files import file_present
 from tfgen.models.hf_weights import save_hf_checkpoint
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
 
@@ -22,7 +23,7 @@ def default_generation_config(
 ):
     """The checkpoint's `generation_config.json` when there is one, else the one HF derives from the
     model config (its errors naming `config_path`, the file the config was read from, when given)."""
-    if directory is not None and (directory / "generation_config.json").is_file():
+    if directory is not None and file_present(directory / "generation_config.json"):
         return GenerationConfig.from_pretrained(directory)
     with naming_the_file(config_path):
         return GenerationConfig.from_model_config(dict(config_dict))

@@ -24,6 +24,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from tfgen.local_files import JSON_FILE_CAP, file_present, read_text_file
 from tfgen.text.tokenizer_files import CHAT_TEMPLATE_FILE, read_json_object
 
 logger = logging.getLogger(__name__)
@@ -224,13 +225,9 @@ def read_chat_template(directory: str | os.PathLike) -> str | None:
     is used, with a warning naming the others); None when there is none. OSError naming the file when it cannot be read,
     ValueError for an entry of the wrong type."""
     path = os.path.join(directory, CHAT_TEMPLATE_FILE)
-    if os.path.isfile(path):
-        try:
-            # Text mode, as HF reads it: "\r\n" line ends become "\n".
-            with open(path, encoding="utf-8") as file:
-                return file.read()
-        except (OSError, ValueError) as error:  # ValueError: UnicodeDecodeError
-            raise OSError(f"cannot read {path!r}: {error}") from None
+    if file_present(path):
+        # Line ends as text mode reads them, as HF does: "\r\n" becomes "\n".
+        return read_text_file(path, None, JSON_FILE_CAP)
     config_path = os.path.join(directory, "tokenizer_config.json")
     value = read_json_object(config_path).get("chat_template")
     if value is None or isinstance(value, str):

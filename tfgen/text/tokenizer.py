@@ -16,6 +16,7 @@ from typing import Any
 
 import tokenizers
 
+from tfgen.local_files import file_present
 from tfgen.text import chat_template as chat_templates
 from tfgen.text.tokenizer_base import BaseTokenizer, as_id_list, check_text
 from tfgen.text.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
@@ -87,7 +88,7 @@ class Tokenizer(BaseTokenizer):
             os.fspath(path_or_repo_id), revision, cache_dir, token, local_files_only
         )
         tokenizer_path = os.path.join(directory, "tokenizer.json")
-        if not os.path.isfile(tokenizer_path):
+        if not file_present(tokenizer_path, "the tokenizer file"):
             raise OSError(f"no tokenizer.json in {os.fspath(path_or_repo_id)!r} (looked in {directory}); a GGUF file "
                           "or a keras-hub preset loads with tfgen.AutoTokenizer.from_pretrained")
         backend = load_backend(tokenizer_path)

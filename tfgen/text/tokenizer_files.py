@@ -5,12 +5,12 @@ path, never a bare JSON or `tokenizers` error."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import tokenizers
 
+from tfgen.local_files import TOKENIZER_JSON_CAP, file_present, read_json_file, read_text_file
 from tfgen.value_types import is_integer
 
 SPECIAL_TOKEN_NAMES = ("bos", "eos", "pad")
@@ -59,9 +59,11 @@ def resolve_checkpoint_directory(
 
 
 def load_backend(path: str) -> tokenizers.Tokenizer:
-    """The `tokenizers.Tokenizer` of a `tokenizer.json`; OSError naming the file when `tokenizers` rejects it."""
+    """The `tokenizers.Tokenizer` of a `tokenizer.json`; OSError naming the file when it is not a regular file, is
+    over `tfgen.local_files.TOKENIZER_JSON_CAP` or `tokenizers` rejects it."""
+    text = read_text_file(path, "the tokenizer file", TOKENIZER_JSON_CAP)
     try:
-        return tokenizers.Tokenizer.from_file(path)
+        return tokenizers.Tokenizer.from_str(text)
     # The Rust library raises a plain Exception for every problem (not JSON, unknown model type, missing field).
     except Exception as error:  # noqa: BLE001 (see above)
         raise OSError(f"{path!r} is not a tokenizer.json that the tokenizers library can load: {error}") from None
@@ -98,15 +100,12 @@ def special_tokens_from_files(directory: str, backend: tokenizers.Tokenizer) -> 
 
 
 def read_json_object(path: str) -> dict:
-    """The JSON object in `path`, `{}` when there is no such file; OSError naming the file when it cannot be read,
-    is not JSON or holds something else than an object."""
-    if not os.path.isfile(path):
+    """The JSON object in `path`, `{}` when there is nothing at that path; OSError naming the file when it is not a
+    regular file, is over `tfgen.local_files.JSON_FILE_CAP`, cannot be read, is not JSON or holds something else than
+    an object."""
+    if not file_present(path):
         return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            content = json.load(file)
-    except (OSError, ValueError) as error:  # ValueError: JSONDecodeError and UnicodeDecodeError
-        raise OSError(f"cannot read {path!r}: {error}") from None
+    content = read_json_file(path)
     if not isinstance(content, dict):
         raise OSError(f"{path!r} does not hold a JSON object (it holds a {type(content).__name__})")
     return content
