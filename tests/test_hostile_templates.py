@@ -42,7 +42,8 @@ ISSUE_CASES = {
     "recursive_loop": "{% for x in range(100000) recursive %}{{ loop(range(100000)) }}{% endfor %}",
 }
 REASONS = {
-    "nested_range_loops": "more than 1000000 steps", "recursive_macro": "recursed too deeply",
+    "nested_range_loops": f"more than {template_limits.MAX_RENDER_STEPS} steps",
+    "recursive_macro": "recursed too deeply",
     "3000_nested_ifs": "nests too deeply to compile", "recursive_loop": "recursed too deeply",
 }
 _RUN_CASES = """
@@ -184,6 +185,15 @@ def test_output_produced_in_blocks_and_macros_counts(small_bound):
                    "{% for i in range(10) %}{% set x = m() %}{% endfor %}"):
         with pytest.raises(ValueError, match="produced more than 16 times the size bound"):
             render_chat(source, USER)
+
+
+def test_a_render_past_its_time_is_stopped(small_bound, monkeypatch):
+    # Few steps, each scanning a large message: the time backstop ends it.
+    monkeypatch.setattr(template_limits, "MAX_RENDER_SECONDS", 0.01)
+    monkeypatch.setattr(template_limits, "MIN_RENDER_BYTES", 4 << 20)
+    source = "{% for i in range(900) %}{% if 'zz' in messages[0].content %}!{% endif %}{% endfor %}"
+    with pytest.raises(ValueError, match="went past a render limit: it ran for more than 0.01 seconds"):
+        render_chat(source, [{"role": "user", "content": "x" * (2 << 20)}])
 
 
 @pytest.fixture

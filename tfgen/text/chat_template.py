@@ -75,7 +75,7 @@ def _strftime_now(format: str) -> str:  # noqa: A002 (HF's name: templates may p
 def _environment() -> jinja2.Environment:
     environment = limits.LimitedSandbox(trim_blocks=True, lstrip_blocks=True,
                                  extensions=[GenerationBlock, jinja2.ext.loopcontrols])
-    environment.filters["tojson"] = _tojson
+    environment.add_filter("tojson", _tojson)
     environment.add_global("raise_exception", _raise_exception)
     # A directive expands to at most a few dozen characters ("%c"): sized before the call.
     environment.add_global("strftime_now", _strftime_now,

@@ -11,6 +11,7 @@ A chat template comes from a downloaded file (GGUF metadata, `tokenizer_config.j
   `slice`, `replace`, `join`, `format`, `tojson`, `sum`, `lipsum`, `ljust`, `str.format` widths, ...), values
   printed are sized before `str()` runs, and all text a render produces (nested blocks and macros included) adds
   up to at most `WORK_FACTOR` times the bound;
+- a time backstop (`MAX_RENDER_SECONDS`) for steps that each scan a large input;
 - recursion: a recursive macro or deeply nested blocks end in Python's RecursionError, which the caller
   (`tfgen.text.chat_template`) turns into a ValueError like every limit here.
 
@@ -24,6 +25,7 @@ import contextvars
 import functools
 import inspect
 import re
+import time
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -38,8 +40,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatt
 from jinja2.utils import generate_lorem_ipsum
 from markupsafe import Markup
 
-# Loop iterations and calls one rendered conversation may take: real templates take a few per message.
-MAX_RENDER_STEPS = 1_000_000
+# Loop iterations and calls one rendered conversation may take. Published templates take 1 to 3 per message (2,503
+# for 1,001 messages); a step costs up to ~7 us (a `tojson` of a short conversation), so a refusal takes < 2 s.
+MAX_RENDER_STEPS = 250_000
+# A backstop for steps that each scan a large input (`'x' in content` per iteration): seconds one render may take,
+# checked at every step. Published templates render a 1,001-message conversation in ~0.01 s.
+MAX_RENDER_SECONDS = 5.0
 # The size bound: max(MIN_RENDER_BYTES, context tokens x RENDER_BYTES_PER_TOKEN) characters (a text longer than that
 # cannot fit the model's context whatever the tokenizer), ASSUMED_CONTEXT_TOKENS when the context is unknown.
 RENDER_BYTES_PER_TOKEN = 64
@@ -47,6 +53,9 @@ MIN_RENDER_BYTES = 1 << 20
 ASSUMED_CONTEXT_TOKENS = 131_072
 # All text produced during one render (intermediate strings, captured blocks, macro output) up to this many bounds.
 WORK_FACTOR = 16
+# A list or tuple item counts as this many characters against the bound (what an item costs in memory and in the
+# filters' work, such as `sort`), so a list stays under bound / ITEM_CHARACTERS items.
+ITEM_CHARACTERS = 16
 # Integers a template computes stay under this many bits (`10**10**8` would take minutes).
 MAX_INT_BITS = 1 << 16
 
@@ -63,6 +72,7 @@ class RenderLimitError(Exception):
 class _Budget:
     def __init__(self, max_bytes: int):
         self.max_bytes, self.steps, self.produced = max_bytes, MAX_RENDER_STEPS, 0
+        self.deadline = time.monotonic() + MAX_RENDER_SECONDS
 
 
 _BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("tfgen_render_budget", default=None)
@@ -95,6 +105,8 @@ def _step() -> None:
         budget.steps -= 1
         if budget.steps < 0:
             raise RenderLimitError(f"it took more than {MAX_RENDER_STEPS} steps (loop iterations and calls)")
+        if time.monotonic() > budget.deadline:
+            raise RenderLimitError(f"it ran for more than {MAX_RENDER_SECONDS} seconds")
 
 
 def check_size(size: int, what: str) -> None:
@@ -103,10 +115,17 @@ def check_size(size: int, what: str) -> None:
         raise RenderLimitError(f"{what} would be {size} characters long", sized=True)
 
 
+def _size_of(value: Any) -> int:
+    """What a string, list or tuple counts against the bound (0 for other values)."""
+    if isinstance(value, str):
+        return len(value)
+    return len(value) * ITEM_CHARACTERS if isinstance(value, (list, tuple)) else 0
+
+
 def _produced(value: Any) -> Any:
     budget = _BUDGET.get()
-    if budget is not None and isinstance(value, (str, list, tuple)):
-        budget.produced += len(value)
+    if budget is not None:
+        budget.produced += _size_of(value)
         if budget.produced > WORK_FACTOR * budget.max_bytes:
             raise RenderLimitError(f"it produced more than {WORK_FACTOR} times the size bound in text", sized=True)
     return value
@@ -146,13 +165,13 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
     if operator == "*":
         for sequence, count in ((left, right), (right, left)):
             if isinstance(count, int) and isinstance(sequence, (str, list, tuple)):
-                check_size(len(sequence) * max(count, 0), "a repeated sequence")
+                check_size(_size_of(sequence) * max(count, 0), "a repeated sequence")
         if isinstance(left, int) and isinstance(right, int):
             _check_bits(left.bit_length() + right.bit_length())
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
         _check_bits(left.bit_length() * min(right, MAX_INT_BITS + 1))
     elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-        check_size(len(left) + len(right), "a concatenation")
+        check_size(_size_of(left) + _size_of(right), "a concatenation")
     elif operator == "%" and isinstance(left, str):
         check_size(_percent_size(left, right), "a formatted string")
 
@@ -208,8 +227,8 @@ _SIZE_CHECKS = {
     "center": lambda value, width=80: text_size(value) + width,
     "indent": lambda s, width=4, first=False, blank=False: text_size(s) + _lines(s) * (
         width if isinstance(width, int) else len(str(width))),
-    "batch": lambda value, linecount, fill_with=None: 0 if fill_with is None else linecount,
-    "slice": lambda value, slices, fill_with=None: slices,
+    "batch": lambda value, linecount, fill_with=None: 0 if fill_with is None else linecount * ITEM_CHARACTERS,
+    "slice": lambda value, slices, fill_with=None: slices * ITEM_CHARACTERS,
     "replace": _replace_size,
     "join": _join_size,
     "format": lambda value, *args, **kwargs: _percent_size(value, args or kwargs) if isinstance(value, str) else 0,
@@ -254,7 +273,7 @@ def _sum(environment, iterable, attribute=None, start=0):
     """Jinja's `sum` filter, refused when it would build a list or tuple over the bound."""
     items = list(iterable if attribute is None else map(make_attrgetter(environment, attribute), iterable))
     if isinstance(start, (list, tuple)):
-        total = len(start) + sum(len(item) for item in items if isinstance(item, (list, tuple)))
+        total = _size_of(start) + sum(_size_of(item) for item in items)
         # Each addition copies the sum so far: the work grows with the count times the total.
         check_size(total * max(len(items), 1) // WORK_FACTOR, "the result of sum")
     return sum(items, start)
@@ -328,6 +347,10 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
             self.filters[name] = _size_checked(name, function, _SIZE_CHECKS.get(name))
         self.filters[COUNTED_FILTER] = _counted
         self.globals["lipsum"] = _size_checked("lipsum", generate_lorem_ipsum, _SIZE_CHECKS["lipsum"])
+
+    def add_filter(self, name: str, function) -> None:
+        """Adds `function` as the filter `name`: one step per call, its text counted (it checks its own size)."""
+        self.filters[name] = _size_checked(name, function, None)
 
     def add_global(self, name: str, function, check=None) -> None:
         """Adds `function` as the global `name`: one step per call, its text counted, refused when `check` (called
