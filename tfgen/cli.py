@@ -6,7 +6,8 @@ Parsing imports no TensorFlow (the command modules import it in their handlers),
 it, TensorFlow's Python warnings (retracing) are hidden at level 2 and above, and tfgen's own messages (the
 compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only). Bad input is one line on stderr and
 status 2 (arguments that are not UTF-8 included; 1 for an error that carries `exit_status = 1`, such as a model
-that cannot be pulled); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.commands.interrupts`).
+that cannot be pulled); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.commands.interrupts`). With stderr
+closed (`2>&-`) a command still runs, prints its result and exits with its status; its messages are lost.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main(argv=None) -> int:
     """Runs one `tfgen` command; returns its exit status: 2, with one line on stderr, for bad input; 130, with
     "tfgen: interrupted" on stderr and no traceback, for Ctrl-C (a second Ctrl-C ends the process at once, see
     `tfgen.commands.interrupts`)."""
+    _usable_stderr()
     try:
         with interrupt_guard() as interrupts:
             return _run(argv, interrupts)
@@ -97,6 +99,24 @@ def main(argv=None) -> int:
         # A command may also answer Ctrl-C itself (batch says how to resume) and return 130.
         print(INTERRUPTED_MESSAGE, file=sys.stderr)
         return INTERRUPTED_STATUS
+
+
+def _usable_stderr() -> None:
+    """Makes a closed stderr (`2>&-`) a sink: Python then sets `sys.stderr` to None (every message would raise), and
+    the next file opened would take descriptor 2 (TensorFlow's C++ log lines would land in it). Descriptor 2 is
+    pointed at /dev/null instead, so the command does its work and its messages are lost, not fatal."""
+    if sys.stderr is not None:
+        return
+    try:
+        os.fstat(2)
+    except OSError:  # closed: /dev/null takes its place
+        descriptor = os.open(os.devnull, os.O_WRONLY)
+        if descriptor != 2:
+            os.dup2(descriptor, 2)
+            os.close(descriptor)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    else:  # descriptor 2 already holds another file: leave it alone
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
 
 
 def _run(argv, interrupts) -> int:

@@ -27,6 +27,14 @@ def architecture(file: GGUFFile) -> str:
     return name
 
 
+def context_length(file: GGUFFile) -> int | None:
+    """`<architecture>.context_length`, None when the file gives none (or no architecture): the tokenizer sizes its
+    chat template's render bound with it."""
+    name = file.string("general.architecture", None)
+    length = file.integer(f"{name}.context_length", None) if name is not None else None
+    return length if length is not None and length > 0 else None
+
+
 def vocabulary_size(file: GGUFFile) -> int:
     """`<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight`."""
     arch = architecture(file)

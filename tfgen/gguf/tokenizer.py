@@ -22,7 +22,7 @@ import os
 import tokenizers
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
-from tfgen.gguf.config import token_ids
+from tfgen.gguf.config import context_length, token_ids
 from tfgen.gguf.files import GGUFFile, open_gguf
 from tfgen.text.tokenizer import Tokenizer
 
@@ -79,7 +79,10 @@ def load_gguf_tokenizer(path: str | os.PathLike, *, padding_side: str = "left") 
     file = open_gguf(path)
     backend, special_tokens = build_backend(file)
     chat_template = file.string("tokenizer.chat_template", None)
-    return Tokenizer(backend, padding_side=padding_side, chat_template=chat_template, **special_tokens)
+    tokenizer = Tokenizer(backend, padding_side=padding_side, chat_template=chat_template, **special_tokens)
+    tokenizer.chat_template_origin = f"{os.fspath(path)} GGUF metadata tokenizer.chat_template"
+    tokenizer.context_length = context_length(file)
+    return tokenizer
 
 
 def build_backend(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, str | None]]:

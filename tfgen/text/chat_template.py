@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -22,9 +23,9 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tfgen.local_files import JSON_FILE_CAP, file_present, read_text_file
+from tfgen.text import template_limits as limits
 from tfgen.text.tokenizer_files import CHAT_TEMPLATE_FILE, read_json_object
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ def _raise_exception(message: Any) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
     # Templates paste this into the prompt verbatim: no HTML escaping, non-ASCII kept, json.dumps's options exposed.
+    width = indent if isinstance(indent, int) else len(indent) if isinstance(indent, str) else 0
+    limits.check_size(limits.text_size(value, indent=width), "the JSON of tojson")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -71,25 +74,30 @@ def _strftime_now(format: str) -> str:  # noqa: A002 (HF's name: templates may p
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
-    )
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = _strftime_now
+    environment = limits.LimitedSandbox(trim_blocks=True, lstrip_blocks=True,
+                                 extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    environment.add_filter("tojson", _tojson)
+    environment.add_global("raise_exception", _raise_exception)
+    # A directive expands to at most a few dozen characters ("%c"): sized before the call.
+    environment.add_global("strftime_now", _strftime_now,
+                           lambda format: 64 * len(format) if isinstance(format, str) else 0)  # noqa: A006
     return environment
 
 
 @functools.lru_cache(maxsize=64)
-def compile_chat_template(source: str) -> jinja2.Template:
+def compile_chat_template(source: str, origin: str | None = None) -> jinja2.Template:
     """The compiled template of `source` (cached: a model's template compiles once per process). Raises ValueError
-    with Jinja's message and line when `source` is not a valid template."""
+    with Jinja's message and line when `source` is not a valid template, and ValueError naming `origin` (where the
+    template comes from) when it nests too deeply to compile."""
     if not isinstance(source, str):
         raise TypeError(f"chat_template must be a Jinja template string, got {type(source).__name__}")
     try:
         return _environment().from_string(source)
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"the chat template is not valid Jinja (line {error.lineno}): {error.message}") from None
+    except RecursionError:
+        raise ValueError(f"the chat template ({origin or 'chat_template='}) nests too deeply to compile (over "
+                         f"Python's recursion limit of {sys.getrecursionlimit()} frames)") from None
 
 
 def render_chat(
@@ -101,6 +109,8 @@ def render_chat(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     variables: Mapping[str, Any] | None = None,
+    origin: str | None = None,
+    context_tokens: int | None = None,
 ) -> str | list[str]:
     """The text of one conversation (a list of message dicts), or a list of texts for a list of conversations.
 
@@ -109,6 +119,10 @@ def render_chat(
     message's content, so the model continues that message. Raises MissingChatTemplateError when `source` is None,
     ValueError carrying the template's message when it fails (`raise_exception` included), TypeError/ValueError
     naming the argument for a malformed `messages`, `tools` or `documents`.
+
+    Each conversation renders under the limits of `tfgen.text.template_limits` (a step budget, a size bound from
+    `context_tokens`, the model's context, bounded recursion); going past one is a ValueError naming `origin` (where
+    the template comes from: a file, a GGUF key) and the limit, raised before anything is tokenized.
     """
     if source is None:
         raise MissingChatTemplateError(
@@ -123,18 +137,36 @@ def render_chat(
     conversations, batched = conversations_of(messages)
     _check_list_of_dicts(tools, "tools", "JSON schemas (tfgen does not derive schemas from Python functions)")
     _check_list_of_dicts(documents, "documents", "dicts such as {'title': ..., 'text': ...}")
-    template = compile_chat_template(source)
+    template = compile_chat_template(source, origin)
+    max_bytes = limits.render_limit(context_tokens)
     texts = []
     for conversation in conversations:
-        try:
-            text = template.render(
-                messages=conversation, tools=tools, documents=documents,
-                add_generation_prompt=add_generation_prompt, **(variables or {}),
-            )
-        except _RENDER_ERRORS as error:
-            raise ValueError(f"the chat template failed: {error}") from None
+        text = _render(template, origin, max_bytes, context_tokens, messages=conversation, tools=tools,
+                       documents=documents, add_generation_prompt=add_generation_prompt, **(variables or {}))
         texts.append(_open_final_message(text, conversation[-1]) if continue_final_message else text)
     return texts if batched else texts[0]
+
+
+def _render(template: jinja2.Template, origin: str | None, max_bytes: int, context_tokens: int | None,
+            **names: Any) -> str:
+    """`template` rendered with `names` under the limits; ValueError naming `origin` and the limit it went past."""
+    where = f"the chat template ({origin or 'chat_template='})"
+    context = context_tokens or f"an assumed {limits.ASSUMED_CONTEXT_TOKENS}"
+    bound = (f"the size bound, max({limits.MIN_RENDER_BYTES}, {context}-token context x "
+             f"{limits.RENDER_BYTES_PER_TOKEN}) = {max_bytes} characters")
+    try:
+        with limits.render_budget(max_bytes):
+            text = template.render(**names)
+    except limits.RenderLimitError as error:
+        raise ValueError(f"{where} went past a render limit: {error}{f' ({bound})' if error.sized else ''}") from None
+    except RecursionError:
+        raise ValueError(f"{where} recursed too deeply (over Python's recursion limit of "
+                         f"{sys.getrecursionlimit()} frames)") from None
+    except _RENDER_ERRORS as error:
+        raise ValueError(f"the chat template failed: {error}") from None
+    if len(text) > max_bytes:
+        raise ValueError(f"{where} rendered {len(text)} characters, over {bound}")
+    return text
 
 
 def conversations_of(messages: Any) -> tuple[list[list[Mapping]], bool]:
@@ -250,6 +282,12 @@ def read_chat_template(directory: str | os.PathLike) -> str | None:
         f"{config_path!r}: chat_template must be a template string or a list of {{'name': ..., 'template': ...}} "
         f"objects, got {_describe(value)}"
     )
+
+
+def chat_template_origin(directory: str | os.PathLike) -> str:
+    """Where `read_chat_template` takes a checkpoint directory's template from, as errors name it."""
+    path = os.path.join(directory, CHAT_TEMPLATE_FILE)
+    return path if os.path.isfile(path) else f"{os.path.join(directory, 'tokenizer_config.json')} chat_template"
 
 
 def write_chat_template(directory: str | os.PathLike, source: str | None) -> None:

@@ -19,7 +19,12 @@ import tokenizers
 from tfgen.local_files import file_present
 from tfgen.text import chat_template as chat_templates
 from tfgen.text.tokenizer_base import BaseTokenizer, as_id_list, check_text
-from tfgen.text.tokenizer_files import load_backend, resolve_checkpoint_directory, special_tokens_from_files
+from tfgen.text.tokenizer_files import (
+    context_length_from_files,
+    load_backend,
+    resolve_checkpoint_directory,
+    special_tokens_from_files,
+)
 
 
 class Tokenizer(BaseTokenizer):
@@ -94,7 +99,10 @@ class Tokenizer(BaseTokenizer):
         backend = load_backend(tokenizer_path)
         special_tokens = special_tokens_from_files(directory, backend)
         chat_template = chat_templates.read_chat_template(directory)
-        return cls(backend, padding_side=padding_side, chat_template=chat_template, **special_tokens)
+        tokenizer = cls(backend, padding_side=padding_side, chat_template=chat_template, **special_tokens)
+        tokenizer.chat_template_origin = chat_templates.chat_template_origin(directory)
+        tokenizer.context_length = context_length_from_files(directory)
+        return tokenizer
 
     @property
     def backend_tokenizer(self) -> tokenizers.Tokenizer:

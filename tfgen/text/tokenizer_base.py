@@ -43,6 +43,19 @@ class BaseTokenizer:
             raise TypeError(f"chat_template must be a Jinja template string or None, got "
                             f"{type(chat_template).__name__}")
         self.chat_template = chat_template
+        # The model's context in tokens, where the loader knows it: it sizes the bound on a rendered chat template.
+        self.context_length: int | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's Jinja chat template, or None. Setting it forgets where the loaded one came from."""
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        self._chat_template = source
+        # Where the template comes from (a file, a GGUF key), named by the errors of a render that goes past a limit.
+        self.chat_template_origin = "tokenizer.chat_template"
 
     @property
     def padding_side(self) -> str:
@@ -215,7 +228,8 @@ class BaseTokenizer:
         `add_generation_prompt`, the special tokens (`bos_token`, `eos_token`, `pad_token` as configured) and
         `template_kwargs`. `continue_final_message` ends the text inside the last message, for the model to continue.
         The text is tokenized without adding special tokens (the template writes its own, as in HF); `padding`,
-        `truncation`, `max_length` and `return_tensors` act as in `__call__` (whose padding side applies).
+        `truncation`, `max_length` and `return_tensors` act as in `__call__` (whose padding side applies). The
+        template renders under limits (`tfgen.text.template_limits`; the size bound grows with `context_length`).
 
         Returns: the text (`tokenize=False`; a list for a batch); else the ids: a list (a list of lists for a batch),
         an `[B, T]` array / tensor with `return_tensors`, or with `return_dict` the `input_ids` and `attention_mask`.
@@ -229,6 +243,8 @@ class BaseTokenizer:
             self.chat_template if chat_template is None else chat_template, messages, tools=tools,
             documents=documents, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, variables={**special_tokens, **template_kwargs},
+            origin=self.chat_template_origin if chat_template is None else "chat_template=",
+            context_tokens=self.context_length,
         )
         if not tokenize:
             return text

@@ -99,6 +99,14 @@ def special_tokens_from_files(directory: str, backend: tokenizers.Tokenizer) -> 
     return special_tokens
 
 
+def context_length_from_files(directory: str) -> int | None:
+    """The model's context in tokens from the checkpoint's `config.json` (`max_position_embeddings`, GPT-2's
+    `n_positions` or `n_ctx`), None when it gives none."""
+    config = read_json_object(os.path.join(directory, "config.json"))
+    lengths = [config.get(key) for key in ("max_position_embeddings", "n_positions", "n_ctx")]
+    return next((length for length in lengths if is_integer(length) and length > 0), None)
+
+
 def read_json_object(path: str) -> dict:
     """The JSON object in `path`, `{}` when there is nothing at that path; OSError naming the file when it is not a
     regular file, is over `tfgen.local_files.JSON_FILE_CAP`, cannot be read, is not JSON or holds something else than
