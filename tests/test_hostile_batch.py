@@ -23,9 +23,11 @@ import tensorflow as tf
 
 from tfgen import Tokenizer
 from tfgen.batch import jobfiles as jobfiles_module
+from tfgen.batch import joblock as joblock_module
 from tfgen.batch import run_batch_job
 from tfgen.batch.inputs import MAX_JSON_DEPTH
 from tfgen.batch.jobfiles import JobFiles, OutputWriteError
+from tfgen.batch.joblock import OutputLock
 from tfgen.batch.rows import MIN_RECORD_BYTES, record_byte_limit
 
 OPTIONS = dict(batch_size=4, window=4, seed=(3, 4), on_error="skip", progress=False, do_sample=True,
@@ -268,7 +270,7 @@ def test_a_full_disk_ends_with_one_line_and_the_job_resumes(tiny_model, tokenize
         assert str(error.value) == (
             f"output: could not write {output}.{written}: No space left on device (the disk is full); {saved} of "
             f"{ROWS} rows are saved in {output}.partial. Make room, then run the same command again to resume.")
-        assert error.value.exit_status == 1  # the command prints the message as one line, status 1
+        assert (error.value.errno, error.value.exit_status) == (errno.ENOSPC, 1)  # the command: one line, status 1
         monkeypatch.setattr(jobfiles_module, "_write_synced", write_synced)
     result = run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, **OPTIONS)
     assert result.resumed_from == 12
@@ -290,3 +292,25 @@ def test_no_room_for_the_tokenizer_digest_is_one_line(tiny_model, tokenizer, ref
     with pytest.raises(OSError, match=r"^tokenizer: could not write it to a temporary folder .* to take its digest "
                                       r"for the job's manifest: Exception: File too large \(os error 27\)$"):
         run_batch_job(tiny_model, prompts, str(tmp_path / "out.jsonl"), tokenizer=Full(), **OPTIONS)
+
+
+def test_no_room_for_the_lock_file_is_one_line_and_gives_the_lock_back(tmp_path, monkeypatch):
+    class FullDisk:
+        """The os module, with a disk that has no room for the lock's pid and host."""
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def write(self, descriptor, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    output = str(tmp_path / "out.jsonl")
+    monkeypatch.setattr(joblock_module, "os", FullDisk())
+    with pytest.raises(OSError) as error:
+        OutputLock(output).acquire()
+    assert str(error.value) == f"output: cannot write the job's lock file {output}.lock: No space left on device"
+    assert error.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    lock = OutputLock(output)
+    lock.acquire()  # given back, not held until the process ends
+    lock.release()

@@ -213,10 +213,12 @@ class JobFiles:
                 raise
             saved = ("nothing is generated yet" if self.rows_written is None
                      else f"{self.rows_written} of {self.rows_total} rows are saved in {self.partial}")
-            raise OutputWriteError(
+            failure = OutputWriteError(
                 f"output: could not write {path}: {error.strerror} ({_NO_ROOM[error.errno]}); {saved}. Make room, "
                 "then run the same command again to resume."
-            ) from None
+            )
+            failure.errno = error.errno
+            raise failure from None
 
     def finish(self, settings: dict) -> None:
         """Records the complete output's row count and sha256 in the manifest (state "complete"), then publishes
