@@ -222,9 +222,13 @@ def test_resume_drops_garbage_left_by_a_power_loss(tiny_model, tokenizer, resuma
     manifest = json.load(open(reference + ".job.json"))
     with open(output + ".job.json", "w") as file:
         json.dump({**manifest, "state": "running"}, file)
-    # Ten synced rows, then blocks the file system extended but never wrote (zeros), holding a newline.
+    # Ten synced rows, then blocks the file system extended but never wrote (zeros), holding a newline. The row
+    # digests of the two windows written so far were synced before their rows (the second window's write is the
+    # one the power loss interrupted).
     with open(output + ".partial", "wb") as file:
         file.write(b"".join(reference_lines[:10]) + b"\0" * 40 + b"\n" + b"\0" * 9)
+    with open(reference + ".digests", "rb") as source, open(output + ".digests", "wb") as file:
+        file.write(b"".join(source.readlines()[:2]))
     caplog.set_level(logging.INFO, logger="tfgen.batch")
     bar = io.StringIO()
     result = run_batch_job(tiny_model, prompts, output, tokenizer=tokenizer, batch_size=BATCH, window=8, seed=SEED,

@@ -64,10 +64,10 @@ def finished_job(tiny_model, tokenizer, tmp_path_factory):
 
 
 def copy_job(output, directory):
-    """A copy of a finished job's output and manifest in `directory`; returns the copy's output path."""
+    """A copy of a finished job's output, manifest and row digests in `directory`; returns the copy's output path."""
     directory.mkdir()
     copy = str(directory / "out.jsonl")
-    for suffix in ("", ".job.json"):
+    for suffix in ("", ".job.json", ".digests"):
         shutil.copyfile(output + suffix, copy + suffix)
     return copy
 

@@ -12,8 +12,8 @@ run, or a run on 2 or 64 replicas, writes exactly the rows an uninterrupted sing
 Modules, one concern each: `options` (defaults and option choices, TensorFlow-free), `inputs` (reading JSONL,
 TFRecord and in-memory prompts), `rows` (row checks, bad rows, the prompt table), `planning` (row seeds, windows,
 groups, steps), `runner` (groups on replicas through generate()'s compiled programs), `jobfiles` (the resumable
-output and its manifest), `joblock` (the lock that keeps a second run off an output), `distribute` (strategies
-by name), `job` (`batch_generate`, `run_batch_job`).
+output and its manifest), `rowdigests` (the digests that vouch for the output's rows), `joblock` (the lock that
+keeps a second run off an output), `distribute` (strategies by name), `job` (`batch_generate`, `run_batch_job`).
 
 The names below load on first use, so importing a TensorFlow-free module (`tfgen.batch.options`, as
 `tfgen batch --help` does) does not import TensorFlow.

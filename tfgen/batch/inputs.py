@@ -1,5 +1,6 @@
-"""Reading input rows: JSONL and TFRecord files (through `tf.data`, so `gs://` paths work) and in-memory prompts,
-as `(number, record)` pairs for `tfgen.batch.rows.build_table`."""
+"""Reading input rows: JSONL and TFRecord files (through TensorFlow's file systems, so `gs://` paths work) and
+in-memory prompts, as `(number, record)` pairs for `tfgen.batch.rows.build_table`. A line or record too long for
+any prompt, or a line nested absurdly deep, becomes an `Unreadable` record before it is parsed."""
 
 from __future__ import annotations
 
@@ -13,15 +14,24 @@ import tensorflow as tf
 from tfgen.batch.options import INPUT_FORMATS
 from tfgen.batch.rows import Unreadable
 
-# Lines (or records) `tf.data` hands over per batch: fewer host round trips than one at a time.
+# Records `tf.data` hands over at a time: fewer host round trips than one at a time.
 _READ_CHUNK = 1024
+# Bytes of a JSONL file read at a time: the reader holds one block and at most one line (up to the byte limit).
+_READ_BLOCK = 1 << 20
+#: A JSONL line nested deeper than this (arrays and objects) is a bad row, found before parsing: Python's JSON
+#: parser recurses once per level and gives up with a RecursionError near 1000. A row needs 2 levels.
+MAX_JSON_DEPTH = 100
+# The keys a row is read for; others are dropped as soon as a line is parsed (they are ignored anyway).
+_ROW_KEYS = ("id", "prompt", "input_ids")
 
 
-def input_records(path: str, input_format: str) -> tuple[Iterator[tuple[int, Any]], str]:
+def input_records(path: str, input_format: str, max_bytes: int) -> tuple[Iterator[tuple[int, Any]], str]:
     """The records of a JSONL or TFRecord file and the unit naming their positions ("line" or "record").
 
     `input_format` is one of `INPUT_FORMATS`; "auto" reads `.tfrecord` / `.tfrecords` (optionally `.gz`) as
-    TFRecords and anything else as JSONL. Raises OSError when the file does not exist.
+    TFRecords and anything else as JSONL. A line or record over `max_bytes` bytes (see
+    `tfgen.batch.rows.record_byte_limit`), or a line nested over `MAX_JSON_DEPTH` levels, is an `Unreadable`
+    record, never parsed. Raises OSError when the file does not exist.
     """
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
@@ -31,8 +41,8 @@ def input_records(path: str, input_format: str) -> tuple[Iterator[tuple[int, Any
         stem = path[: -len(".gz")] if path.endswith(".gz") else path
         input_format = "tfrecord" if stem.endswith((".tfrecord", ".tfrecords")) else "jsonl"
     if input_format == "tfrecord":
-        return _tfrecord_records(path), "record"
-    return _jsonl_records(path), "line"
+        return _tfrecord_records(path, max_bytes), "record"
+    return _jsonl_records(path, max_bytes), "line"
 
 
 def prompt_records(prompts) -> Iterator[tuple[int, Any]]:
@@ -48,18 +58,62 @@ def prompt_records(prompts) -> Iterator[tuple[int, Any]]:
             yield index, prompt
 
 
-def _jsonl_records(path: str) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object or `Unreadable`) per non-blank line."""
+def _jsonl_records(path: str, max_bytes: int) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object or `Unreadable`) per non-blank line; of an object, only the keys a row uses."""
+    for number, line in _lines(path, max_bytes):
+        if isinstance(line, int):
+            yield number, Unreadable(f"the line holds {line:,} bytes; a line may hold at most {max_bytes:,} (for "
+                                     "this model's positions), so its prompt could never fit")
+            continue
+        if not line.strip():
+            continue
+        depth = _nesting_depth(line)
+        if depth > MAX_JSON_DEPTH:
+            yield number, Unreadable(f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} are allowed")
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as error:  # bad JSON and bad UTF-8 alike
+            yield number, Unreadable(f"malformed JSON ({error})")
+            continue
+        yield number, {key: record[key] for key in _ROW_KEYS if key in record} if isinstance(record, dict) else record
+
+
+def _lines(path: str, max_bytes: int) -> Iterator[tuple[int, bytes | int]]:
+    """(line number, the line's bytes without its newline, or its length in bytes when over `max_bytes`) per
+    line. Reads `_READ_BLOCK` bytes at a time and drops an over-long line's bytes as it goes, so no line is ever
+    held whole past `max_bytes` (`tf.data.TextLineDataset` would read a 200 MB line whole)."""
     number = 0
-    for lines in tf.data.TextLineDataset(path).batch(_READ_CHUNK).prefetch(2).as_numpy_iterator():
-        for raw in lines:
-            number += 1
-            if not raw.strip():
-                continue
-            try:
-                yield number, json.loads(raw)
-            except ValueError as error:  # bad JSON and bad UTF-8 alike
-                yield number, Unreadable(f"malformed JSON ({error})")
+    parts: list[bytes] = []  # the current line's bytes so far
+    held = 0  # their length; counting on (with `parts` emptied) once past `max_bytes`
+    with tf.io.gfile.GFile(path, "rb") as file:
+        while block := file.read(_READ_BLOCK):
+            *ends, rest = block.split(b"\n")
+            for end in ends:
+                number += 1
+                held += len(end)
+                yield number, (b"".join([*parts, end]) if held <= max_bytes else held)
+                parts, held = [], 0
+            held += len(rest)
+            parts = [*parts, rest] if held <= max_bytes else []
+    if held:
+        yield number + 1, (b"".join(parts) if held <= max_bytes else held)
+
+
+def _nesting_depth(line: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest, brackets inside strings not counted; in linear time
+    (numpy), whatever the line holds. A line with fewer brackets in all than the limit is not looked at further."""
+    if line.count(b"[") + line.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    codes = np.frombuffer(line, np.uint8)
+    positions = np.arange(len(codes))
+    # A quote is escaped after an odd run of backslashes; the unescaped ones open and close strings in turn.
+    last_other = np.maximum.accumulate(np.where(codes != ord("\\"), positions, -1))
+    backslashes = np.concatenate([[0], positions[:-1] - last_other[:-1]])
+    quotes = (codes == ord('"')) & (backslashes % 2 == 0)
+    outside = np.cumsum(quotes) % 2 == 0
+    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int64) - np.isin(codes, (ord("]"), ord("}")))
+    return int(np.cumsum(np.where(outside, steps, 0)).max(initial=0))
 
 
 def _example_record(raw: bytes):
@@ -93,14 +147,18 @@ def _example_record(raw: bytes):
     return record
 
 
-def _tfrecord_records(path: str) -> Iterator[tuple[int, Any]]:
+def _tfrecord_records(path: str, max_bytes: int) -> Iterator[tuple[int, Any]]:
     """(record number, dict or `Unreadable`) per record; GZIP when the name ends in .gz."""
     dataset = tf.data.TFRecordDataset(path, compression_type="GZIP" if path.endswith(".gz") else "")
     number = 0
     try:
         for raw in dataset.prefetch(_READ_CHUNK).as_numpy_iterator():
             number += 1
-            yield number, _example_record(raw)
+            if len(raw) > max_bytes:
+                yield number, Unreadable(f"the record holds {len(raw):,} bytes; a record may hold at most "
+                                         f"{max_bytes:,} (for this model's positions), so its prompt could never fit")
+            else:
+                yield number, _example_record(raw)
     except tf.errors.DataLossError as error:
         # A broken frame hides where the following records start, so nothing after it can be trusted.
         raise ValueError(f"input: record {number + 1} of {path} is corrupted: {error.message}") from None

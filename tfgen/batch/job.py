@@ -139,7 +139,7 @@ def run_batch_job(
     runner = BatchRunner(model, strategy, generation_config, tokenizer, batch_size, window, seed, generate_kwargs)
     if runner.strategy.extended.should_checkpoint:  # other workers write nothing, and lock nothing
         OutputLock(os.fspath(output_path)).check_free()
-    records, unit = input_records(os.fspath(input_path), input_format)
+    records, unit = input_records(os.fspath(input_path), input_format, runner.max_record_bytes())
     table, bad = build_table(records, runner.rules(unit))
     if bad and on_error == "stop":
         hint = "\n(on_error='skip', --on-error skip, skips them)"

@@ -37,7 +37,7 @@ class OutputLock:
 
         Raises ValueError naming the holder's pid and host when another run (of this process or another) holds
         it, or naming the lock file when it cannot be created or locked (a missing directory, a file system
-        without locks).
+        without locks); OSError naming it when the pid cannot be written (a full disk), the lock given back.
         """
         if self.held:
             return
@@ -63,8 +63,14 @@ class OutputLock:
             os.close(descriptor)
         else:
             raise ValueError(f"output: {self.path} keeps being replaced by another process; is another run starting?")
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode() + b"\n")
+        try:
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode() + b"\n")
+        except OSError as error:  # a full disk, say: give the lock back rather than hold it until the process ends
+            os.close(descriptor)
+            failure = OSError(f"output: cannot write the job's lock file {self.path}: {error.strerror}")
+            failure.errno = error.errno
+            raise failure from None
         self._descriptor = descriptor
 
     def check_free(self) -> None:

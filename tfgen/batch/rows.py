@@ -20,8 +20,21 @@ from tfgen.value_types import is_integer
 # Rows tokenized per tokenizer call: large enough for the tokenizer's batch speed, small enough to keep the
 # texts of one chunk (not the whole input) in memory.
 _TOKENIZE_CHUNK = 1024
+# ... and at most this many prompt characters (or token ids) per call, a longer row being a call of its own: the
+# tokenizer holds ~200 bytes per character of the texts it is given (16 MiB of code: 3.2 GB, measured).
+_TOKENIZE_CHUNK_ITEMS = 1 << 20
+#: An input line (JSONL) or record (TFRecord) may hold this many bytes per position of the model, and at least
+#: `MIN_RECORD_BYTES`: room for any prompt the model can take (a token is a few bytes of JSON text, an id at most
+#: 8), while a longer one, which could never fit, is a bad row refused before it is parsed or tokenized.
+RECORD_BYTES_PER_POSITION = 64
+MIN_RECORD_BYTES = 1 << 20
 # Bad rows named in a message; the rest are counted (a file job writes them all to its skipped-rows file).
 _SHOWN_BAD_ROWS = 20
+
+
+def record_byte_limit(max_positions: int | None) -> int:
+    """The most bytes an input line or record may hold for a model of `max_positions` positions (None: unknown)."""
+    return max(MIN_RECORD_BYTES, RECORD_BYTES_PER_POSITION * (max_positions or 0))
 
 
 def id_key(row_id) -> str:
@@ -172,14 +185,22 @@ def _check_tokens(tokens: list, rules: RowRules) -> tuple[str | None, list]:
     return None, tokens
 
 
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    """Lists of `size` consecutive items (the last one shorter)."""
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
+def _prompt_size(record) -> int:
+    """Characters of a record's text prompt, or the length of its token-id list (0 for anything else)."""
+    prompt = record.get("prompt", record.get("input_ids")) if isinstance(record, dict) else None
+    return len(prompt) if isinstance(prompt, (str, list)) else 0
+
+
+def _chunks(records: Iterable[tuple[int, Any]]) -> Iterator[list]:
+    """Lists of consecutive `(number, record)` pairs: `_TOKENIZE_CHUNK` of them, fewer when their prompts reach
+    `_TOKENIZE_CHUNK_ITEMS` characters (or ids) together."""
+    chunk, items = [], 0
+    for pair in records:
+        chunk.append(pair)
+        items += _prompt_size(pair[1])
+        if len(chunk) == _TOKENIZE_CHUNK or items >= _TOKENIZE_CHUNK_ITEMS:
             yield chunk
-            chunk = []
+            chunk, items = [], 0
     if chunk:
         yield chunk
 
@@ -193,7 +214,7 @@ def build_table(records: Iterable[tuple[int, Any]], rules: RowRules) -> tuple[Pr
     """
     ids, prompts, bad = [], [], []
     first_seen: dict[str, int] = {}
-    for chunk in _chunks(records, _TOKENIZE_CHUNK):
+    for chunk in _chunks(records):
         accepted = []
         for number, record in chunk:
             problem, row_id = _check_record(record, rules)

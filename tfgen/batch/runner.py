@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfgen.batch.options import DEFAULT_MAX_NEW_TOKENS, WINDOW_GROUPS
 from tfgen.batch.planning import Group, check_job_seed, plan_window, row_seeds, steps, windows
-from tfgen.batch.rows import PromptTable, RowRules
+from tfgen.batch.rows import PromptTable, RowRules, record_byte_limit
 from tfgen.generation import compile_cache
 from tfgen.generation.programs import announce_compile, generate_program
 from tfgen.request.buckets import DEFAULT_BUCKETS
@@ -110,7 +110,14 @@ def _tokenizer_digest(tokenizer) -> str | None:
         )
     digest = hashlib.sha256()
     with tempfile.TemporaryDirectory() as directory:
-        save_pretrained(directory)
+        try:
+            save_pretrained(directory)
+        except Exception as error:  # noqa: BLE001 (the Rust tokenizer raises a bare Exception for its OS errors)
+            # A full disk or a file size limit (`ulimit -f`): one line saying what could not be written and why.
+            raise OSError(
+                f"tokenizer: could not write it to a temporary folder ({directory}) to take its digest for the "
+                f"job's manifest: {type(error).__name__}: {error}"
+            ) from error
         for name in sorted(os.listdir(directory)):
             with open(os.path.join(directory, name), "rb") as file:
                 digest.update(f"{name}:".encode() + hashlib.sha256(file.read()).digest())
@@ -164,6 +171,10 @@ class BatchRunner:
             tokenizer=self.tokenizer,
             unit=unit,
         )
+
+    def max_record_bytes(self) -> int:
+        """The most bytes an input line or record of this job may hold (`tfgen.batch.rows.record_byte_limit`)."""
+        return record_byte_limit(getattr(self.model.config, "max_position_embeddings", None))
 
     def settings(self) -> dict:
         """Everything besides the input that decides the output (a resumed job must match it exactly)."""
