@@ -18,6 +18,7 @@ from tfgen.cli import main
 from tfgen.hub import default_model as defaults
 from tfgen.stopping import stop_tables
 from tfgen.stopping.stop_strings import stop_string_tables
+from tfgen.structured import automaton
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 5000 distinct 5-character strings (the issue's count case).
@@ -109,3 +110,68 @@ def test_cli_refuses_stop_strings_over_the_cap_in_one_line(monkeypatch, capsys):
                  "--stop-string", "stop, now"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "stop_strings" in error and "limit of 8" in error
+
+
+def _deep_arrays(depth: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_a_long_max_length_is_refused_at_once_naming_the_option(tokenizer):
+    # Before: over 90 s and 2.3 GB building the automaton.
+    model = tfgen.AutoModelForCausalLM.from_pretrained(defaults.DEFAULT_MODEL)
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"json_schema: its regex unrolls to 300002 positions .* over the limit of "
+                                         rf"{automaton.MAX_AUTOMATON_STATES} automaton states"):
+        model.generate(tokenizer(["{"], return_tensors="tf")["input_ids"], max_new_tokens=2, tokenizer=tokenizer,
+                       json_schema={"type": "string", "maxLength": 100_000})
+    with pytest.raises(ValueError, match=r"regex: its regex unrolls to 70000 positions"):
+        model.generate(tokenizer(["{"], return_tensors="tf")["input_ids"], max_new_tokens=2, tokenizer=tokenizer,
+                       regex="[a-z]{70000}")
+    assert time.perf_counter() - started < 2
+
+
+def test_a_slow_automaton_build_is_stopped_at_the_deadline(tokenizer, monkeypatch):
+    # outlines-core's build time doubles with each character of maxLength here (20: minutes).
+    monkeypatch.setattr(automaton, "MAX_BUILD_SECONDS", 1.5)
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"json_schema: building its automaton took over 1.5 s, the limit"):
+        automaton.constraint_automaton(tfgen.GenerationConfig(json_schema={"type": "string", "maxLength": 40}),
+                                       tokenizer, tokenizer.vocab_size)
+    assert time.perf_counter() - started < 5
+
+
+def test_automaton_states_over_the_limit_are_refused(tokenizer, monkeypatch):
+    monkeypatch.setattr(automaton, "MAX_AUTOMATON_STATES", 50)
+    with pytest.raises(ValueError, match=r"regex: its regex unrolls to 60 positions"):
+        automaton.build_automaton(tokenizer, tokenizer.vocab_size, "[a-z]{60}")
+    # 7 positions, but its automaton remembers the last 6 characters: 2 ** 6 states and more.
+    with pytest.raises(ValueError, match=r"regex: its automaton has \d+ states, over the limit of 50"):
+        automaton.build_automaton(tokenizer, tokenizer.vocab_size, "[ab]*a[ab]{5}")
+
+
+@pytest.mark.parametrize("schema, message", [
+    (_deep_arrays(200), r"schemas nested 11 levels deep at /items/items.*over the limit of 10 "
+                        r"\(tfgen.structured.json_schema.MAX_SCHEMA_DEPTH\)"),
+    ({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"not": {"type": "string"}}}}}},
+     r"unsupported keyword 'not' at /properties/a/properties/b"),
+    ({"if": {"type": "string"}, "then": {"maxLength": 3}}, r"unsupported keyword 'if' at /"),
+    ({"enum": [json.loads("[" * 50 + "]" * 50)]}, r"nested more than 40 levels deep at /enum/0"),
+    ("[" * 100_000 + "]" * 100_000, r"nested deeper than 40 levels"),
+])
+def test_schema_errors_say_what_is_wrong(tokenizer, schema, message):
+    # Before: "Expected a valid JSON string" (200 deep) or "Unsupported JSON Schema structure" from outlines-core.
+    with pytest.raises(ValueError, match="json_schema: " + message):
+        automaton.constraint_automaton(tfgen.GenerationConfig(json_schema=schema), tokenizer, tokenizer.vocab_size)
+
+
+def test_schemas_within_the_limits_still_build(tokenizer):
+    nine_deep = automaton.constraint_automaton(tfgen.GenerationConfig(json_schema=_deep_arrays(9)), tokenizer,
+                                               tokenizer.vocab_size)
+    assert nine_deep.matches(tokenizer.encode("[[[[[[[[[1]]]]]]]]]", add_special_tokens=False))
+    named_not = {"type": "object", "properties": {"not": {"type": "string", "maxLength": 5}}, "required": ["not"]}
+    built = automaton.constraint_automaton(tfgen.GenerationConfig(json_schema=named_not), tokenizer,
+                                           tokenizer.vocab_size)
+    assert built.matches(tokenizer.encode('{"not": "ok"}', add_special_tokens=False))
