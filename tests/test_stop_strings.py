@@ -98,14 +98,23 @@ def _random_rows(tokenizer, words, max_token_len, seed, count=150):
     ("multibyte", _MULTIBYTE_STOPS), ("docstring_vocab", ["stop"]),
 ])
 def test_tables_equal_hf(request, fixture, stop_strings):
+    """The packed tables hold, for every token, the same valid positions, end overlaps and length as transformers'
+    dense `embedding_vec` (read as sets: HF repeats an overlap when a token holds the string twice)."""
     tokenizer, hf_tokenizer = request.getfixturevalue(fixture)
     tables = stop_string_tables(tokenizer, stop_strings)
     criteria = StopStringCriteria(hf_tokenizer, stop_strings)
-    assert tables.max_valid_positions == criteria.max_valid_positions
-    assert tables.max_end_overlaps == criteria.max_valid_end_lens
     assert tables.max_token_len == criteria.maximum_token_len
-    np.testing.assert_array_equal(tables.table, criteria.embedding_vec.numpy())
-    assert tables.table.dtype == np.int32 and (tables.table[-1] == -1).all()
+    dense = criteria.embedding_vec.numpy()
+    assert dense.shape[0] == tables.vocab_rows
+    num_strings = len(tables.stop_strings)
+    positions, overlaps = criteria.max_valid_positions, criteria.max_valid_end_lens
+    for token_id, row in enumerate(dense):
+        expected_positions = [set(row[i * positions:(i + 1) * positions].tolist()) - {-1} for i in range(num_strings)]
+        start = num_strings * positions
+        expected_overlaps = [set(row[start + i * overlaps:start + (i + 1) * overlaps].tolist()) - {-1}
+                             for i in range(num_strings)]
+        assert tables.token_facts(token_id) == (expected_positions, expected_overlaps), token_id
+        assert tables.token_lengths[token_id] == max(row[-1], 0)
 
 
 @pytest.mark.parametrize("pieces, expected", [
@@ -202,10 +211,13 @@ def test_vocab_size_rows_and_cache(stdlib):
     assert stop_string_tables(tokenizer, ("stop", " def")) is tables
     assert stop_string_tables(Tokenizer.from_pretrained(defaults.DEFAULT_MODEL), ["stop", " def"]) is tables
     wider = stop_string_tables(tokenizer, ["stop", " def"], vocab_size=tokenizer.vocab_size + 60)
-    assert wider.vocab_rows == tokenizer.vocab_size + 61 and (wider.table[tokenizer.vocab_size:] == -1).all()
-    np.testing.assert_array_equal(wider.table[:tokenizer.vocab_size], tables.table[:-1])
+    assert wider.vocab_rows == tokenizer.vocab_size + 61
+    for token_id in range(tokenizer.vocab_size + 61):
+        facts = wider.token_facts(token_id)
+        assert facts == (tables.token_facts(token_id) if token_id < tokenizer.vocab_size else ([set(), set()],) * 2)
     narrower = stop_string_tables(tokenizer, ["stop", " def"], vocab_size=1000)
-    assert narrower.vocab_rows == 1001 and (narrower.table[-1] == -1).all()
+    assert narrower.vocab_rows == 1001 and narrower.token_facts(1000) == ([set(), set()],) * 2
+    assert all(narrower.token_facts(token_id) == tables.token_facts(token_id) for token_id in range(1000))
     stop_id = tokenizer.encode("stop", add_special_tokens=False)
     hits = stop_string_hits(wider, _left_padded([stop_id, stop_id + [tokenizer.vocab_size + 10]], 4)).numpy()
     assert hits.tolist() == [True, False]

@@ -1,4 +1,4 @@
-"""Stop strings: host-side tables over the vocabulary, and an XLA-compilable matcher over the last tokens.
+"""Stop strings: tables over the vocabulary (`stop_tables`), and an XLA-compilable matcher over the last tokens.
 
 A row stops once its decoded text *ends with* a stop string, even when the string spans several tokens, starts inside
 the oldest token it touches or ends inside the newest one ("overhangs"), with the semantics of transformers'
@@ -6,12 +6,14 @@ the oldest token it touches or ends inside the newest one ("overhangs"), with th
 does not stop a row again. Matching is done with table look-ups instead of string operations, so it runs inside a
 compiled decode loop:
 
-* `stop_string_tables` walks the vocabulary once on the host. For each token id and stop string it records the
-  token's *clean text* length, the "end overlaps" (how many characters of the string's end the token's start can
-  hold, if it is the newest token) and the "valid positions" (how many characters of the string, counted from its
-  end, may already be matched when the token, as an older token, is laid to their left).
-* `stop_string_hits` walks each row's tail newest to oldest, summing token lengths from each possible end overlap and
-  checking that every older token fits at the running sum; a sum reaching the string's length is a hit.
+* `stop_string_tables` checks the strings (at most `stop_tables.MAX_STOP_STRING_CHARACTERS` characters in all) and
+  builds, once per vocabulary and strings, each token's clean text length, its "end overlaps" (how many characters
+  of a string's end the token's start can hold, if it is the newest token) and its "valid positions" (how many
+  characters of a string, counted from its end, may already be matched when the token, as an older token, is laid
+  to their left), sized by what the vocabulary can match (see `tfgen.stopping.stop_tables`).
+* `stop_string_hits` makes one attempt per end overlap of each row's newest token, walks the older tokens newest to
+  oldest summing their lengths, and checks with one bit look-up that every older token fits at the running sum; a
+  sum reaching the attempt's string length is a hit. Its work is `tail x attempts`, linear in the string length.
 """
 
 from __future__ import annotations
@@ -19,90 +21,26 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 
+from tfgen.stopping.stop_tables import (
+    StopStringTables,
+    Vocabulary,
+    build_tables,
+    checked_size,
+)
 from tfgen.text.token_text import token_clean_texts
 from tfgen.text.tokenizer_base import BaseTokenizer
 from tfgen.value_types import is_integer
 
 _TABLE_CACHE_SIZE = 8
 
-
-@dataclass(frozen=True, eq=False)
-class _Vocabulary:
-    """A tokenizer's clean texts (index = token id), indexed by character to find candidate tokens quickly.
-
-    Equal when the texts are, with the texts' hash computed once: it keys the tables cache, and hashing 50k
-    strings on every look-up would cost a millisecond.
-    """
-
-    texts: tuple[str, ...]
-    ids_ending_with: dict[str, list[int]]
-    ids_containing: dict[str, list[int]]  # each id once per distinct character of its text
-    empty_ids: list[int]
-    texts_hash: int
-
-    def __hash__(self) -> int:
-        return self.texts_hash
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Vocabulary) and (self is other or self.texts == other.texts)
-
-
 _cache_lock = threading.Lock()
-# Tokenizer -> its _Vocabulary; the vocabulary walk is paid once per tokenizer object.
+# Tokenizer -> its Vocabulary; the vocabulary walk is paid once per tokenizer object.
 _vocabulary_by_tokenizer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# (_Vocabulary, stop strings, vocab_size) -> StopStringTables, least recently used first.
+# (Vocabulary, stop strings, vocab_size) -> StopStringTables, least recently used first.
 _tables_cache: collections.OrderedDict = collections.OrderedDict()
-
-
-@dataclass(frozen=True, eq=False)
-class StopStringTables:
-    """Everything `stop_string_hits` needs, precomputed for one vocabulary and one tuple of stop strings.
-
-    `table` is int32 `[vocab_rows, width]` with `width = S * max_valid_positions + S * max_end_overlaps + 1` for
-    `S = len(stop_strings)`, the layout of transformers' `StopStringCriteria.embedding_vec`. Row `i` describes token
-    id `i`; each list is padded with -1, which no count ever equals:
-
-    * columns `[i * P, (i + 1) * P)` (`P = max_valid_positions`): the valid positions of stop string `i` (length
-      `n`): each count `m` in `1 .. n - 1` of characters matched from the string's end such that the token fits
-      right before them, `text.endswith(string[max(0, n - m - len(text)):n - m])` (it may overhang the start);
-    * columns `[S * P + i * E, S * P + (i + 1) * E)` (`E = max_end_overlaps`): its end overlaps, `min(k, n)` for
-      each `k` in increasing order such that `text[:k]` ends with the string's last `min(k, n)` characters (the
-      token may overhang the string's end);
-    * the last column: the length of the token's clean text.
-
-    The last row (`vocab_rows - 1`) is a dummy of -1s that matches nothing: ids outside the table and the -1 columns
-    of a tail window are looked up there. Instances compare and hash by identity; the builder's cache hands out one
-    instance per key, so an instance can key a compiled program.
-    """
-
-    stop_strings: tuple[str, ...]
-    table: np.ndarray
-    max_valid_positions: int
-    max_end_overlaps: int
-
-    @property
-    def num_stop_strings(self) -> int:
-        return len(self.stop_strings)
-
-    @property
-    def max_token_len(self) -> int:
-        """Tail width `M` the matcher needs: the longest stop string's length (at least one character per token)."""
-        return max(len(stop_string) for stop_string in self.stop_strings)
-
-    @property
-    def vocab_rows(self) -> int:
-        """Rows of `table`: the covered ids plus the dummy row."""
-        return self.table.shape[0]
-
-    @property
-    def stop_string_lengths(self) -> np.ndarray:
-        """int32 `[S]`: each stop string's length in characters."""
-        return np.array([len(stop_string) for stop_string in self.stop_strings], np.int32)
 
 
 def stop_string_tables(
@@ -118,8 +56,10 @@ def stop_string_tables(
             Defaults to `tokenizer.vocab_size`.
 
     Raises:
-        ValueError: `stop_strings` is empty, holds a non-string or an empty string, or holds a string that no token
-            of the vocabulary can end (such a string could never be detected); the message names `stop_strings`.
+        ValueError: `stop_strings` is empty, holds a non-string or an empty string, holds more than
+            `MAX_STOP_STRING_CHARACTERS` characters in all (checked before the vocabulary is read), or holds a string
+            that no token of the vocabulary can end (such a string could never be detected); the message names
+            `stop_strings`.
     """
     stop_strings = _checked_stop_strings(stop_strings)
     if vocab_size is not None and (
@@ -134,7 +74,7 @@ def stop_string_tables(
         if tables is not None:
             _tables_cache.move_to_end(key)
             return tables
-    tables = _build_tables(vocabulary, stop_strings, vocab_size)
+    tables = build_tables(vocabulary, stop_strings, vocab_size)
     with _cache_lock:
         # Another thread may have built the same tables meanwhile: keep one instance per key.
         tables = _tables_cache.setdefault(key, tables)
@@ -159,31 +99,39 @@ def stop_string_hits(tables: StopStringTables, tail_ids: tf.Tensor) -> tf.Tensor
     tail_ids = tf.convert_to_tensor(tail_ids)
     if tail_ids.shape.rank != 2 or tail_ids.shape[1] is None or tail_ids.shape[1] == 0:
         raise ValueError(f"tail_ids must be [batch, width] with a static width > 0, got shape {tail_ids.shape}")
-    num_strings, positions, overlaps = tables.num_stop_strings, tables.max_valid_positions, tables.max_end_overlaps
-    table = tf.constant(tables.table)
     dummy_row = tables.vocab_rows - 1
-    # Newest token first: matching grows from the string's end towards its start.
-    newest_first = tf.reverse(tf.cast(tail_ids[:, -tables.max_token_len:], tf.int32), axis=[1])
-    newest_first = tf.where((newest_first < 0) | (newest_first >= dummy_row), dummy_row, newest_first)
-    rows = tf.gather(table, newest_first)  # [B, T, table width] with T = min(W, M)
-    batch, steps = tf.shape(rows)[0], rows.shape[1]
+    ids = tf.cast(tail_ids[:, -tables.max_token_len:], tf.int32)
+    ids = tf.where((ids < 0) | (ids >= dummy_row), dummy_row, ids)
+    newest = ids[:, -1]  # [B]
+    older = tf.reverse(ids[:, :-1], axis=[1])  # [B, T - 1], newest first: matching grows towards the string's start
 
-    # [B, 1, S, E]: the newest token's possible end overlaps, one matching attempt per slot.
-    end_overlaps = tf.reshape(
-        rows[:, :1, num_strings * positions:-1], [batch, 1, num_strings, overlaps])
-    # [B, T - 1, S, P]: where each older token may sit, in characters matched so far.
-    valid_positions = tf.reshape(rows[:, 1:, :num_strings * positions], [batch, steps - 1, num_strings, positions])
-    older_lengths = tf.broadcast_to(rows[:, 1:, -1:, tf.newaxis], [batch, steps - 1, num_strings, overlaps])
-    # [B, T, S, E]: characters of the string covered once each token is laid down, per attempt.
-    matched = tf.cumsum(tf.concat([end_overlaps, older_lengths], axis=1), axis=1)
-    starts = end_overlaps > 0
-    # An older token fits if the characters matched before it are one of its valid positions.
-    fits = tf.reduce_any(matched[:, :-1, :, :, tf.newaxis] == valid_positions[:, :, :, tf.newaxis, :], axis=-1)
-    consistent = tf.concat([starts, fits], axis=1)
+    # [B, W]: one attempt per end overlap of the newest token (its string and how much of its end the token holds).
+    slots = tf.range(tables.max_attempts, dtype=tf.int32)
+    real = slots < tf.gather(tf.constant(tables.end_count), newest)[:, tf.newaxis]
+    entry = tf.minimum(tf.gather(tf.constant(tables.end_start), newest)[:, tf.newaxis] + slots,
+                       len(tables.end_string) - 1)
+    string = tf.gather(tf.constant(tables.end_string), entry)
+    overlap = tf.gather(tf.constant(tables.end_overlap), entry)
+    length = tf.gather(tf.constant(tables.stop_string_lengths), string)
+
+    # [B, T - 1, W]: characters matched before and after each older token is laid down, per attempt.
+    older_lengths = tf.gather(tf.constant(tables.token_lengths), older)[:, :, tf.newaxis]
+    after = overlap[:, tf.newaxis, :] + tf.cumsum(older_lengths, axis=1)
+    before = after - older_lengths
+    # An older token fits if the characters matched before it are one of its valid positions: its bit is set.
+    in_string = (before > 0) & (before < length[:, tf.newaxis, :])
+    code = tf.gather(tf.constant(tables.position_offsets), string)[:, tf.newaxis, :] + tf.where(in_string, before, 0)
+    bit = (tf.gather(tf.constant(tables.token_bit_base), older)[:, :, tf.newaxis]
+           + tf.cast(tf.gather(tf.constant(tables.position_column), code), tf.int64))
+    byte = tf.gather(tf.constant(tables.bits), tf.minimum(bit // 8, len(tables.bits) - 1))
+    bit_set = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(byte, tf.int32), tf.cast(bit % 8, tf.int32)), 1) > 0
+    same_group = (tf.gather(tf.constant(tables.token_group), older)[:, :, tf.newaxis]
+                  == tf.gather(tf.constant(tables.position_group), code))
+    fits = in_string & (tf.gather(tf.constant(tables.fits_anywhere), older)[:, :, tf.newaxis] | (same_group & bit_set))
     # An attempt only counts up to its first token that does not fit.
-    unbroken = tf.cumsum(tf.cast(~consistent, tf.int32), axis=1) == 0
-    best = tf.reduce_max(tf.where(unbroken, matched, 0), axis=[1, 3])  # [B, S]
-    return tf.reduce_any(best >= tf.constant(tables.stop_string_lengths)[tf.newaxis, :], axis=-1)
+    unbroken = tf.cumsum(tf.cast(~fits, tf.int32), axis=1) == 0
+    reached = (overlap >= length) | tf.reduce_any(unbroken & (after >= length[:, tf.newaxis, :]), axis=1)
+    return tf.reduce_any(real & reached, axis=-1)
 
 
 def tail_window(sequences: tf.Tensor, end_index: tf.Tensor, first_valid: tf.Tensor, width: int) -> tf.Tensor:
@@ -221,94 +169,20 @@ def _checked_stop_strings(stop_strings) -> tuple[str, ...]:
             raise ValueError(f"stop_strings must hold only strings, got {type(string).__name__} {string!r}")
         if not string:
             raise ValueError("stop_strings must not hold an empty string (it would match every text)")
-    return tuple(strings)
+    strings = tuple(strings)
+    checked_size(strings)
+    return strings
 
 
-def _vocabulary(tokenizer: BaseTokenizer) -> _Vocabulary:
-    """The clean texts of `tokenizer` and their character index, built once per tokenizer object (a tokenizer's
-    vocabulary and decoder never change)."""
+def _vocabulary(tokenizer: BaseTokenizer) -> Vocabulary:
+    """The clean texts of `tokenizer` and their indexes, built once per tokenizer object (a tokenizer's vocabulary
+    and decoder never change)."""
     if not isinstance(tokenizer, BaseTokenizer):
         raise TypeError(f"tokenizer must be a tfgen Tokenizer, got {type(tokenizer).__name__}")
     with _cache_lock:
         vocabulary = _vocabulary_by_tokenizer.get(tokenizer)
     if vocabulary is None:
-        texts = token_clean_texts(tokenizer)
-        ids_ending_with, ids_containing = collections.defaultdict(list), collections.defaultdict(list)
-        for token_id, text in enumerate(texts):
-            if text:
-                ids_ending_with[text[-1]].append(token_id)
-            for character in set(text):
-                ids_containing[character].append(token_id)
-        empty_ids = [token_id for token_id, text in enumerate(texts) if not text]
-        vocabulary = _Vocabulary(texts, dict(ids_ending_with), dict(ids_containing), empty_ids, hash(texts))
+        vocabulary = Vocabulary.of(token_clean_texts(tokenizer))
         with _cache_lock:
             _vocabulary_by_tokenizer[tokenizer] = vocabulary
     return vocabulary
-
-
-def _valid_positions(vocabulary: _Vocabulary, stop_string: str, vocab_size: int) -> dict[int, list[int]]:
-    """{token id: its valid positions in `stop_string`} for the ids below `vocab_size` that have any.
-
-    Position `matched` is valid for a token whose text ends with `stop_string[:length - matched]`'s last
-    `len(text)` characters (all of them when the text is longer: it overhangs the string's start). An empty text
-    fits everywhere.
-    """
-    length = len(stop_string)
-    # Only tokens whose last character sits right before `matched` characters can fit there.
-    positions_by_character = collections.defaultdict(list)
-    for matched in range(1, length):
-        positions_by_character[stop_string[length - matched - 1]].append(matched)
-    valid = {token_id: list(range(1, length)) for token_id in vocabulary.empty_ids if token_id < vocab_size}
-    for character, positions in positions_by_character.items():
-        for token_id in vocabulary.ids_ending_with.get(character, ()):
-            text = vocabulary.texts[token_id]
-            fitting = [matched for matched in positions
-                       if text.endswith(stop_string[max(0, length - matched - len(text)):length - matched])]
-            if fitting and token_id < vocab_size:
-                valid[token_id] = fitting
-    return valid
-
-
-def _end_overlaps(vocabulary: _Vocabulary, stop_string: str, vocab_size: int) -> dict[int, list[int]]:
-    """{token id: its end overlaps with `stop_string`} for the ids below `vocab_size` that have any.
-
-    For each prefix `text[:k]` ending with the string's last `k` characters (or with the whole string when
-    `k > len(stop_string)`: the token holds it and overhangs its end), the overlap `min(k, len(stop_string))`, in
-    increasing `k` (a token holding the string twice lists it twice, as transformers does).
-    """
-    length, last_character = len(stop_string), stop_string[-1]
-    overlaps = {}
-    for token_id in vocabulary.ids_containing.get(last_character, ()):
-        text = vocabulary.texts[token_id]
-        found = [min(prefix_length, length) for prefix_length in range(1, len(text) + 1)
-                 if text[prefix_length - 1] == last_character
-                 and text[:prefix_length].endswith(stop_string[max(0, length - prefix_length):])]
-        if found and token_id < vocab_size:
-            overlaps[token_id] = found
-    return overlaps
-
-
-def _build_tables(vocabulary: _Vocabulary, stop_strings: tuple[str, ...], vocab_size: int) -> StopStringTables:
-    """Looks every stop string up in the vocabulary and packs the results (see `StopStringTables` for the layout)."""
-    positions = [_valid_positions(vocabulary, stop_string, vocab_size) for stop_string in stop_strings]
-    overlaps = [_end_overlaps(vocabulary, stop_string, vocab_size) for stop_string in stop_strings]
-    endless = [stop_string for stop_string, found in zip(stop_strings, overlaps) if not found]
-    if endless:
-        raise ValueError(f"stop_strings {endless!r}: no token of the vocabulary can end these strings (they hold "
-                         "characters no token decodes to on its own), so they could never be detected")
-    # Single-character strings have no valid positions at all; keep one (-1) column so the layout stays uniform.
-    max_positions = max([1] + [len(found) for per_token in positions for found in per_token.values()])
-    max_overlaps = max(len(found) for per_token in overlaps for found in per_token.values())
-    num_strings = len(stop_strings)
-    table = np.full((vocab_size + 1, num_strings * (max_positions + max_overlaps) + 1), -1, np.int32)
-    for string_index in range(num_strings):
-        positions_start = string_index * max_positions
-        overlaps_start = num_strings * max_positions + string_index * max_overlaps
-        for token_id, found in positions[string_index].items():
-            table[token_id, positions_start:positions_start + len(found)] = found
-        for token_id, found in overlaps[string_index].items():
-            table[token_id, overlaps_start:overlaps_start + len(found)] = found
-    texts = vocabulary.texts[:vocab_size]
-    table[:len(texts), -1] = [len(text) for text in texts]
-    table.setflags(write=False)
-    return StopStringTables(stop_strings, table, max_positions, max_overlaps)

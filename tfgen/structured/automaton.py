@@ -13,14 +13,21 @@ so the tables are
 
 (0.5 MB for that schema: 212 classes). State 0 is dead and state 1 is the start. `S` and `C` are padded to
 powers of two, so automata of similar size share one compiled program (the tables are program inputs).
+
+A build is bounded: a pattern whose unrolled size (`pattern_positions`: each counted repetition `{m,n}` copies what
+it repeats) is over `MAX_AUTOMATON_STATES` is refused at once; the build itself runs in a child process
+(`tfgen.structured.index_build`) stopped after `MAX_BUILD_SECONDS`, and an automaton of more states is refused.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import pickle
+import re
+import subprocess
+import sys
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 
@@ -32,9 +39,15 @@ from tfgen.text.token_text import token_bytes
 DEAD_STATE = 0
 START_STATE = 1
 # Smallest padded table sizes: tiny automata share one program.
-_MIN_STATES = 16
-_MIN_CLASSES = 16
+MIN_STATES = 16
+MIN_CLASSES = 16
 _CACHE_SIZE = 32
+#: The most states a structured-output automaton may have (its `next_state` table has a row per state); a pattern
+#: whose unrolled size is larger is refused before anything is built.
+MAX_AUTOMATON_STATES = 65_536
+#: The longest an automaton build may run (outlines-core's build is exponential in some counted repetitions).
+MAX_BUILD_SECONDS = 30.0
+_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -81,8 +94,52 @@ class TokenAutomaton:
         return bool(self.accepting[self.walk(token_ids)])
 
 
-def _padded_size(size: int, minimum: int) -> int:
+def padded_size(size: int, minimum: int) -> int:
+    """`size` rounded up to a power of two, at least `minimum`."""
     return max(minimum, 1 << (size - 1).bit_length())
+
+
+def pattern_positions(pattern: str) -> int:
+    """The size of `pattern` with its counted repetitions unrolled: one per character, class or escape, times the
+    upper bound (or lower bound + 1) of every `{m,n}` around it. Each position is at least one automaton state for
+    the patterns structured output builds (a JSON string's `maxLength: n` is `n` copies of one character's regex)."""
+    sizes, last, index = [0], 0, 0
+    while index < len(pattern):
+        character = pattern[index]
+        quantifier = _QUANTIFIER.match(pattern, index) if character == "{" else None
+        if quantifier:
+            low, comma, high = quantifier.groups()
+            bound = int(high) if high else int(low) + (1 if comma else 0)
+            sizes[-1] += last * (bound - 1)
+            last *= bound
+            index = quantifier.end()
+            continue
+        if character == "(":
+            sizes.append(0)
+        elif character == ")" and len(sizes) > 1:
+            last = sizes.pop()
+            sizes[-1] += last
+        elif character not in "|*+?":
+            if character == "\\":
+                index += 1
+            elif character == "[":
+                index = _class_end(pattern, index)
+            last = 1
+            sizes[-1] += 1
+        index += 1
+    return sum(sizes)
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Index of the `]` closing the character class opened at `start` (the last index when it is never closed)."""
+    index = start + 1
+    if index < len(pattern) and pattern[index] == "^":
+        index += 1
+    if index < len(pattern) and pattern[index] == "]":
+        index += 1
+    while index < len(pattern) and pattern[index] != "]":
+        index += 2 if pattern[index] == "\\" else 1
+    return min(index, len(pattern) - 1)
 
 
 _vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -90,49 +147,43 @@ _automata: collections.OrderedDict[tuple, TokenAutomaton] = collections.OrderedD
 _lock = threading.Lock()
 
 
-def _outlines_vocabulary(tokenizer):
-    """`(outlines_core.Vocabulary, fingerprint, placeholder eos id)` of `tokenizer`, built once per tokenizer."""
+def _spelled_vocabulary(tokenizer):
+    """`(spelled tokens {id: bytes}, fingerprint, placeholder eos id)` of `tokenizer`, built once per tokenizer."""
     with _lock:
         cached = _vocabularies.get(tokenizer)
     if cached is not None:
         return cached
-    from outlines_core import Vocabulary  # lazy: only structured output needs it
-
     spelled = token_bytes(tokenizer)
     if not spelled:
         raise ValueError("tokenizer: no token of this tokenizer spells text, so no output can match a pattern.")
-    ids_by_bytes = collections.defaultdict(list)
-    for token_id, text in spelled.items():
-        ids_by_bytes[text].append(token_id)
     # outlines-core wants an eos id outside the text tokens; tfgen handles eos itself (from the request's eos ids),
     # so an id past every token stands in for it and its transitions are dropped.
     placeholder_eos = max(spelled) + 1
-    vocabulary = Vocabulary(placeholder_eos, dict(ids_by_bytes))
     fingerprint = hash(tuple(sorted(spelled.items())))
     with _lock:
-        cached = _vocabularies.setdefault(tokenizer, (vocabulary, fingerprint, placeholder_eos))
+        cached = _vocabularies.setdefault(tokenizer, (spelled, fingerprint, placeholder_eos))
     return cached
 
 
-def build_automaton(tokenizer, vocab_size: int, pattern: str) -> TokenAutomaton:
+def build_automaton(tokenizer, vocab_size: int, pattern: str, option: str = "regex") -> TokenAutomaton:
     """The automaton of regex `pattern` over `tokenizer`'s tokens, for a model of `vocab_size` ids (cached by
-    vocabulary, pattern and size). ValueError when the pattern is not a regex outlines-core supports, or when the
-    tokens cannot spell any match."""
-    vocabulary, fingerprint, placeholder_eos = _outlines_vocabulary(tokenizer)
+    vocabulary, pattern and size). ValueError naming `option` (the option the pattern comes from) when the pattern
+    is not a regex outlines-core supports, when the tokens cannot spell any match, or when the automaton would be
+    over `MAX_AUTOMATON_STATES` states or its build over `MAX_BUILD_SECONDS`."""
+    positions = pattern_positions(pattern)
+    if positions > MAX_AUTOMATON_STATES:
+        raise ValueError(
+            f"{option}: its regex unrolls to {positions} positions (each counted repetition copies what it repeats), "
+            f"over the limit of {MAX_AUTOMATON_STATES} automaton states "
+            "(tfgen.structured.automaton.MAX_AUTOMATON_STATES); lower the repetition bounds (maxLength, maxItems).")
+    spelled, fingerprint, placeholder_eos = _spelled_vocabulary(tokenizer)
     key = (fingerprint, pattern, int(vocab_size))
     with _lock:
         automaton = _automata.get(key)
         if automaton is not None:
             _automata.move_to_end(key)
             return automaton
-    from outlines_core import Index
-
-    began = time.perf_counter()
-    try:
-        index = Index(pattern, vocabulary)
-    except ValueError as err:
-        raise ValueError(f"regex: {pattern!r} cannot constrain this model's output: {err}") from None
-    automaton = _tables(index, placeholder_eos, int(vocab_size), pattern, began)
+    automaton = _built_in_child(option, (spelled, placeholder_eos, int(vocab_size), pattern, MAX_AUTOMATON_STATES))
     with _lock:
         automaton = _automata.setdefault(key, automaton)
         while len(_automata) > _CACHE_SIZE:
@@ -140,48 +191,26 @@ def build_automaton(tokenizer, vocab_size: int, pattern: str) -> TokenAutomaton:
     return automaton
 
 
-def _tables(index, placeholder_eos: int, vocab_size: int, pattern: str, began: float) -> TokenAutomaton:
-    """The class-compressed tables of an outlines-core `Index` (see the module docstring)."""
-    transitions = index.get_transitions()
-    finals = set(index.get_final_states())
-    initial = index.get_initial_state()
-    # Our numbering: 0 dead, 1 the start, then the rest in outlines' order.
-    others = sorted((set(transitions) | finals) - {initial})
-    number = {state: position for position, state in enumerate([initial, *others], start=START_STATE)}
-    states = len(number) + 1
-
-    sources, tokens, targets = [], [], []
-    for state, moves in transitions.items():
-        moves = {token: target for token, target in moves.items() if token != placeholder_eos and token < vocab_size}
-        sources.append(np.full(len(moves), number[state], np.int64))
-        tokens.append(np.fromiter(moves.keys(), np.int64, len(moves)))
-        targets.append(np.fromiter((number[target] for target in moves.values()), np.int64, len(moves)))
-    sources, tokens, targets = (np.concatenate(part) if part else np.zeros([0], np.int64)
-                                for part in (sources, tokens, targets))
-    # Tokens with the same column (target per state) get the same random-weighted sum; a collision of two different
-    # columns is checked for below rather than assumed away.
-    weights = np.random.default_rng(0).integers(1, 2**62, size=states, dtype=np.uint64)
-    column_hash = np.zeros(vocab_size, np.uint64)
-    np.add.at(column_hash, tokens, weights[sources] * targets.astype(np.uint64))
-    # Class 0 is the all-dead column (hash 0): ids that no state allows, such as special tokens.
-    distinct, token_class = np.unique(np.concatenate([[0], column_hash]).astype(np.uint64), return_inverse=True)
-    token_class = token_class[1:].astype(np.int32)
-    classes = len(distinct)
-    next_state = np.zeros([_padded_size(states, _MIN_STATES), _padded_size(classes, _MIN_CLASSES)], np.int32)
-    next_state[sources, token_class[tokens]] = targets
-    allowed_per_class = np.bincount(token_class, minlength=classes)
-    if (next_state[sources, token_class[tokens]] != targets).any() or int(
-        ((next_state[:states, :classes] > 0) * allowed_per_class[None, :]).sum()
-    ) != len(tokens):
-        raise RuntimeError("token classes collided while compressing the automaton; please report this pattern")
-    if (next_state[START_STATE] == 0).all() and initial not in finals:
-        raise ValueError(f"regex: no token of the vocabulary can start a match of {pattern!r}.")
-    accepting = np.zeros([next_state.shape[0]], np.bool_)
-    accepting[[number[state] for state in finals]] = True
-    return TokenAutomaton(
-        pattern=pattern, next_state=next_state, token_class=token_class, accepting=accepting, states=states,
-        classes=classes, build_seconds=time.perf_counter() - began,
-    )
+def _built_in_child(option: str, request: tuple) -> TokenAutomaton:
+    """Runs `tfgen.structured.index_build` on `request`, killed after `MAX_BUILD_SECONDS`."""
+    child = subprocess.Popen([sys.executable, "-m", "tfgen.structured.index_build"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        output, errors = child.communicate(pickle.dumps(request), timeout=MAX_BUILD_SECONDS)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise ValueError(
+            f"{option}: building its automaton took over {MAX_BUILD_SECONDS:g} s, the limit "
+            "(tfgen.structured.automaton.MAX_BUILD_SECONDS); outlines-core's build grows exponentially with some "
+            "counted repetitions (a string's maxLength over ~16): lower them or use a simpler pattern.") from None
+    if child.returncode != 0 or not output:
+        last_line = (errors.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{option}: the automaton build failed (exit {child.returncode}): {last_line}")
+    status, value = pickle.loads(output)
+    if status != "ok":
+        raise ValueError(f"{option}: {value}")
+    return value
 
 
 def structured_option(config) -> str | None:
@@ -201,4 +230,4 @@ def constraint_automaton(config, tokenizer, vocab_size: int) -> TokenAutomaton |
     if tokenizer is None:
         raise ValueError(f"{name}: constraining the output needs the model's tokenizer; pass tokenizer=.")
     pattern = config.regex if name == "regex" else schema_regex(config.json_schema)
-    return build_automaton(tokenizer, vocab_size, pattern)
+    return build_automaton(tokenizer, vocab_size, pattern, name)
