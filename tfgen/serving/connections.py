@@ -13,11 +13,13 @@ import time
 
 
 class DeadlineReader(io.RawIOBase):
-    """A connection's input that raises TimeoutError once `deadline` (time.monotonic(); None: only the socket's
-    timeout) has passed, however the bytes trickle in: a socket timeout alone bounds each read, not their sum."""
+    """A connection's input that raises TimeoutError once `deadline` (time.monotonic(); None: none) has passed,
+    however the bytes trickle in (a socket timeout alone bounds each read, not their sum), or when one read waits
+    longer than `idle_timeout` seconds."""
 
-    def __init__(self, connection: socket.socket):
+    def __init__(self, connection: socket.socket, idle_timeout: float):
         self.connection = connection
+        self.idle_timeout = idle_timeout
         self.deadline: float | None = None
 
     def readable(self) -> bool:
@@ -28,7 +30,7 @@ class DeadlineReader(io.RawIOBase):
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the deadline passed")
-            self.connection.settimeout(left)
+            self.connection.settimeout(min(left, self.idle_timeout))
         return self.connection.recv_into(buffer)
 
 

@@ -93,7 +93,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.body_read = False
         super().setup()
         self.rfile.close()  # the socket's own reader, replaced by one with deadlines
-        self.reader = DeadlineReader(self.connection)
+        self.reader = DeadlineReader(self.connection, self.timeout)
         self.rfile = io.BufferedReader(self.reader)
         self.server.track(self.connection)
 
