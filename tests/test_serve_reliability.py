@@ -216,7 +216,7 @@ _POST_HEAD = f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\n".encode()
 @pytest.mark.parametrize("data, status, message", [
     (b"hello\r\n\r\n", 400, "Bad request syntax"),
     (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", 414, "URI Too Long"),
-    (b"GET /\r\n\r\n", 505, "HTTP/0.9 is not supported"),
+    (b"GET /\r\n\r\n", 400, "has no HTTP version"),
     (_POST_HEAD + b"\r\n", 411, "Content-Length header is required"),
     (_POST_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411, "no chunked bodies"),
     (_POST_HEAD + b"Content-Length: -5\r\n\r\n", 400, "Content-Length must be one number"),

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
 
 # TF-free, so `tfgen serve --help` answers without TensorFlow.
+from tfgen.commands.interrupts import INTERRUPTED_STATUS
 from tfgen.engine.options import DEFAULT_STEPS_PER_CALL
 from tfgen.serving.options import (
+    DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_PORT,
     GRPC_INSTALL_HINT,
+    check_drain_timeout,
     check_port,
     check_port_free,
     check_server_options,
@@ -62,6 +66,10 @@ def add_parser(subparsers) -> None:
                         help="seconds between looks at EXPORT_DIR for new version folders, which are loaded, warmed "
                         "up and served in place of the older one (TF Serving's flag; "
                         f"default {DEFAULT_POLL_INTERVAL:g}; 0: never)")
+    parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT,
+                        help="on SIGTERM or Ctrl-C: seconds the requests running get to finish once the server stops "
+                        f"taking new ones (default {DEFAULT_DRAIN_TIMEOUT:g}); exit status 0 after SIGTERM, 130 after "
+                        "Ctrl-C (a second Ctrl-C ends it at once)")
     parser.add_argument("--steps-per-call", type=int, default=DEFAULT_STEPS_PER_CALL,
                         help="continuous batching: tokens every running request gets per engine call; a new request "
                         f"waits at most that long to join the batch (default {DEFAULT_STEPS_PER_CALL})")
@@ -98,6 +106,7 @@ def run(args) -> int:
     if not 0 <= args.file_system_poll_wait_seconds < float("inf"):  # NaN too
         raise ValueError("--file_system_poll_wait_seconds must be a finite number of seconds >= 0 (0: never), got "
                          f"{args.file_system_poll_wait_seconds}")
+    check_drain_timeout(args.drain_timeout)
     for name in ("steps_per_call", "max_queue"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -113,11 +122,11 @@ def run(args) -> int:
     options = dict(host=args.host, port=args.rest_api_port, grpc_port=port, model_name=args.model_name,
                    poll_interval_s=args.file_system_poll_wait_seconds,
                    max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
+                   drain_timeout=args.drain_timeout,
                    batching=None if args.no_batching else {"steps_per_call": args.steps_per_call,
                                                           "max_queue": args.max_queue})
     if args.export_dir is not None:
-        serve(args.export_dir, **options)
-        return 0
+        return _status(serve(args.export_dir, **options))
 
     from tfgen.commands.export import export_model
     from tfgen.hub.default_model import default_model_path
@@ -128,5 +137,10 @@ def run(args) -> int:
         logger.info("no EXPORT_DIR: exporting the shipped model to %s first (`tfgen export DIR` once, then "
                     "`tfgen serve DIR`, skips this at every start)", export_dir)
         export_model(None, export_dir)
-        serve(export_dir, **options)
-    return 0
+        return _status(serve(export_dir, **options))
+
+
+def _status(stopped_by) -> int:
+    """The exit status after `serve` drained: 130 (the shell's for SIGINT) after Ctrl-C, else 0 (SIGTERM is how a
+    process manager stops a server: a clean exit)."""
+    return INTERRUPTED_STATUS if stopped_by == signal.SIGINT else 0

@@ -25,6 +25,7 @@ import concurrent.futures
 import functools
 import logging
 import math
+import threading
 from http import HTTPStatus
 
 import grpc
@@ -103,15 +104,16 @@ def _unimplemented(name: str):
     return refuse
 
 
-def _resolve(models: ServedModels, spec) -> ServedModel:
-    """The version a ModelSpec names (the newest when it names none), refusing version labels."""
+def _resolve(models: ServedModels, spec):
+    """The version a ModelSpec names (the newest when it names none), refusing version labels: a context manager
+    holding it for the RPC (`ServedModels.acquire`: it is not unloaded under a running request)."""
     if not spec.name:
         raise bad_request(f"model_spec.name is empty: name the model (this server serves {models.name!r})")
     choice = spec.WhichOneof("version_choice")
     if choice == "version_label":
         raise bad_request(f"model_spec.version_label {spec.version_label!r}: this server has no version labels; "
                            "name a version with model_spec.version, or neither for the newest")
-    return models.resolve(spec.name, spec.version.value if choice == "version" else None)
+    return models.acquire(spec.name, spec.version.value if choice == "version" else None)
 
 
 def _fill_spec(target, model: ServedModel, signature_name: str = "") -> None:
@@ -146,7 +148,10 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     @_rpc
     def Predict(self, request, context):
         """Runs one signature on the request's TensorProtos, checked as REST checks its JSON."""
-        model = _resolve(self.models, request.model_spec)
+        with _resolve(self.models, request.model_spec) as model:
+            return self._predict(model, request)
+
+    def _predict(self, model: ServedModel, request):
         signature_name = signature_for(model, request.model_spec.signature_name)
         wanted = list(dict.fromkeys(request.output_filter))
         outputs = model.signature_defs[signature_name].get("outputs", {})
@@ -166,7 +171,8 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     @_rpc
     def GetModelMetadata(self, request, context):
         """The signature definitions, as TF Serving packs them (a SignatureDefMap in an Any)."""
-        model = _resolve(self.models, request.model_spec)
+        with _resolve(self.models, request.model_spec) as model:
+            pass  # the definitions are plain data, read after the version is let go
         fields = list(request.metadata_field)
         if not fields:
             raise bad_request("metadata_field is empty: ask for 'signature_def'")
@@ -197,7 +203,8 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def GetModelStatus(self, request, context):
         """The named version, or every version served, each AVAILABLE with an OK status."""
         spec = request.model_spec
-        model = _resolve(self.models, spec)
+        with _resolve(self.models, spec) as model:
+            pass  # only its version number is read
         versions = [model] if spec.WhichOneof("version_choice") else self.models.available()
         response = get_model_status_pb2.GetModelStatusResponse()
         for served in versions:
@@ -254,6 +261,10 @@ class GrpcModelServer:
     def start(self) -> None:
         self._server.start()
 
-    def stop(self, grace: float | None = None) -> None:
-        """Stops serving: RPCs running get `grace` seconds to finish (None: cancelled at once)."""
-        self._server.stop(grace).wait()
+    def stop(self, grace: float | None = None, wait: bool = True) -> threading.Event:
+        """Stops serving: new RPCs are refused, those running get `grace` seconds to finish (None: cancelled at
+        once). Returns an event set once they ended (already set when `wait`)."""
+        stopped = self._server.stop(grace)
+        if wait:
+            stopped.wait()
+        return stopped

@@ -26,6 +26,8 @@ no TLS and no authentication.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import re
@@ -39,6 +41,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tfgen.serving.batching import TextStream, text_stream
+from tfgen.serving.connections import ConnectionTracker, DeadlineReader, close_gently, refuse
 from tfgen.serving.errors import RequestError
 from tfgen.serving.options import (
     DEFAULT_MAX_CONNECTIONS,
@@ -58,9 +61,12 @@ from tfgen.serving.versions import ServedModels
 
 logger = logging.getLogger(__name__)
 
-# Seconds a connection may wait for its next request line or header line (read when a connection opens, so tests
-# can lower them): a silent or half-open client gives its thread back after this.
+# Seconds a connection may wait for the first byte of its next request (read when a connection opens, so tests can
+# lower them): a silent or half-open client gives its thread back after this.
 IDLE_TIMEOUT = 10.0
+# Seconds a request's line and headers may take to arrive in all, from its first byte (read per request): a client
+# trickling header bytes is dropped after it instead of holding its connection slot (nginx's client_header_timeout).
+HEADER_TIMEOUT = 10.0
 # Seconds a request's whole body may take to arrive once its headers did (408 after it).
 BODY_TIMEOUT = 10.0
 # What a connection over the cap is told to wait before retrying (seconds, the 503's Retry-After).
@@ -68,7 +74,7 @@ RETRY_AFTER = 1
 # Oversized bodies up to this many times the limit are read (and dropped) before answering 413.
 _DRAIN_FACTOR = 16
 
-_MODEL_PATH = r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
+_MODEL_PATH = r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[0-9]+))?"
 # Each route, with the methods it takes.
 _STATUS_ROUTE = (re.compile(_MODEL_PATH + r"(?P<metadata>/metadata)?"), ("GET", "HEAD"))
 _VERB_ROUTE = (re.compile(_MODEL_PATH + r":(?P<verb>[A-Za-z]+)"), ("POST",))
@@ -76,7 +82,8 @@ _METHODS = ("GET", "HEAD", "POST")
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """One connection: routes each request, answers JSON, reads bodies within BODY_TIMEOUT."""
+    """One connection: routes each request, answers JSON; a request's first byte must come within IDLE_TIMEOUT,
+    its line and headers within HEADER_TIMEOUT, its body within BODY_TIMEOUT."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: every response carries a Content-Length
     server: ModelServer
@@ -85,6 +92,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = IDLE_TIMEOUT
         self.body_read = False
         super().setup()
+        self.rfile.close()  # the socket's own reader, replaced by one with deadlines
+        self.reader = DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self.reader)
+        self.server.track(self.connection)
+
+    def finish(self):
+        self.server.untrack(self.connection)
+        super().finish()
+
+    def handle_one_request(self):
+        self.reader.deadline = time.monotonic() + IDLE_TIMEOUT
+        try:
+            self.rfile.peek(1)  # the request's first byte (or the end of the connection)
+        except TimeoutError as error:
+            self.log_error("Request timed out: %r", error)
+            self.close_connection = True
+            return
+        self.reader.deadline = time.monotonic() + HEADER_TIMEOUT  # the base class drops the connection after it
+        super().handle_one_request()
 
     def log_message(self, format, *args):  # noqa: A002  (the base class's name)
         pass  # TF Serving logs no access lines either; errors go back to the client as JSON
@@ -100,12 +126,19 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = do_GET
 
     def parse_request(self) -> bool:
-        if not super().parse_request():
+        if len(self.raw_requestline.split()) == 2 and self.raw_requestline.endswith(b"\n"):
+            # HTTP/0.9 (`GET /`): the base class would wait for headers that such a client never sends.
+            self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+            self.command, self.request_version = None, "HTTP/1.0"
+            self.send_error(HTTPStatus.BAD_REQUEST, "the request line has no HTTP version (HTTP/0.9 is not "
+                            "supported): send 'METHOD PATH HTTP/1.1'")
+            return False
+        parsed = super().parse_request()
+        self.reader.deadline = None  # the headers are in; the answer's writes get the idle timeout
+        self.connection.settimeout(self.timeout)
+        if not parsed:
             return False
         self.body_read = False  # per request on a keep-alive connection
-        if self.request_version == "HTTP/0.9":
-            self.send_error(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "HTTP/0.9 is not supported; send HTTP/1.x")
-            return False
         return True
 
     def send_error(self, code, message=None, explain=None):
@@ -121,6 +154,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(code, {"error": message or HTTPStatus(code).phrase}, headers)
 
     def _answer(self):
+        if not self.server.begin_request(self.connection):
+            self.close_connection = True
+            self._send_json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the server is shutting down"},
+                            {"Retry-After": str(RETRY_AFTER)})
+            return
+        try:
+            with contextlib.ExitStack() as self.held:  # the model version the request uses, until it is answered
+                self._answer_request()
+        finally:
+            self.server.end_request(self.connection)
+
+    def _answer_request(self):
         headers = {}
         try:
             status, payload = HTTPStatus.OK, self._route()
@@ -135,6 +180,8 @@ class _Handler(BaseHTTPRequestHandler):
                                    or self.headers.get("Content-Length", "0").strip() != "0"):
             # The body is still on the wire, where it would be read as the next request.
             self.close_connection = True
+        if self.server.draining:
+            self.close_connection = True  # the last answer on this connection
         if isinstance(payload, TextStream):
             self._send_stream(payload)
         else:
@@ -211,7 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _model(self, match) -> ServedModel:
         version = match.group("version")
-        return self.server.models.resolve(match.group("name"), None if version is None else int(version))
+        return self.held.enter_context(
+            self.server.models.acquire(match.group("name"), None if version is None else int(version)))
 
     def _post(self, match) -> dict:
         verb = match.group("verb")
@@ -252,13 +300,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _receive(self, length: int, keep: bool = True) -> bytes:
         """`length` bytes of body, within BODY_TIMEOUT seconds in all (408 after it, 400 if the client stops
         sending); the chunks are dropped unless `keep`."""
-        deadline, chunks, remaining = time.monotonic() + BODY_TIMEOUT, [], length
+        chunks, remaining = [], length
+        self.reader.deadline = time.monotonic() + BODY_TIMEOUT
         try:
             while remaining > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                self.connection.settimeout(left)
                 chunk = self.rfile.read1(min(remaining, 1 << 16))
                 if not chunk:
                     self.close_connection = True
@@ -272,17 +317,19 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.REQUEST_TIMEOUT, f"the body did not arrive within {BODY_TIMEOUT:g} s: "
                                f"{length - remaining} of the {length} bytes its Content-Length announced") from None
         finally:
+            self.reader.deadline = None
             self.connection.settimeout(self.timeout)
         self.body_read = True
         return b"".join(chunks)
 
 
-class ModelServer(ThreadingHTTPServer):
+class ModelServer(ConnectionTracker, ThreadingHTTPServer):
     """`ThreadingHTTPServer` serving one `ServedModel`; `serve_forever()` runs it, `shutdown()` stops it.
 
     At most `max_connections` connections are served at once (one thread each); one more is answered 503 with
-    `Retry-After` and closed. Raises ValueError for a bad option and OSError ("port 8501 is in use ...") when it
-    cannot listen.
+    `Retry-After` and closed. `stop_accepting()` then `wait_closed(deadline)` drain it: no new connection or
+    request is taken, the requests running finish, idle connections are closed. Raises ValueError for a bad
+    option and OSError ("port 8501 is in use ...") when it cannot listen.
     """
 
     daemon_threads = True
@@ -295,8 +342,6 @@ class ModelServer(ThreadingHTTPServer):
         check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
-        self._open = 0
-        self._open_lock = threading.Lock()
         try:
             super().__init__((host, port), _Handler)
         except OSError as error:
@@ -347,42 +392,17 @@ class ModelServer(ThreadingHTTPServer):
             logger.error("connection from %s failed", client_address[0], exc_info=True)
 
     def shutdown_request(self, request):
-        _close_gently(request)
+        close_gently(request)
 
     def _release(self):
         with self._open_lock:
             self._open -= 1
 
     def _refuse(self, connection: socket.socket, client_address):
-        """Answers 503 on a connection over the cap, on the accepting thread (a few bytes on a fresh socket), then
-        closes it."""
+        """Answers 503 on a connection over the cap, on the accepting thread, then closes it."""
         logger.debug("refused a connection from %s: %d connections open", client_address[0], self.max_connections)
-        body = json.dumps({"error": f"the server has {self.max_connections} connections open, its limit; retry "
-                                    f"in {RETRY_AFTER} s"}).encode("utf-8")
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
-                f"\r\nRetry-After: {RETRY_AFTER}\r\nConnection: close\r\n\r\n").encode("ascii")
-        try:
-            connection.settimeout(1.0)
-            connection.sendall(head + body)
-        except OSError:
-            pass  # the client left
-        _close_gently(connection)
-
-
-def _close_gently(connection: socket.socket) -> None:
-    """Ends our side of a connection, reads what the client already sent, then closes it: closing a socket with
-    unread input resets the connection, and the client could lose the answer just sent (a 413, a 405 answered
-    before its body was read, a 503)."""
-    try:
-        connection.shutdown(socket.SHUT_WR)
-        connection.setblocking(False)
-        for _ in range(64):  # at most 4 MiB; the rest may reset
-            if not connection.recv(1 << 16):
-                break
-    except OSError:
-        pass  # nothing more has arrived, or the client left
-    finally:
-        connection.close()
+        refuse(connection, f"the server has {self.max_connections} connections open, its limit; retry in "
+               f"{RETRY_AFTER} s", RETRY_AFTER)
 
 
 def start_in_thread(server: ModelServer) -> threading.Thread:

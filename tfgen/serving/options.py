@@ -18,6 +18,9 @@ DEFAULT_MAX_CONNECTIONS = 64
 #: Seconds between two looks at the export folder for new versions (TF Serving's `--file_system_poll_wait_seconds`
 #: default).
 DEFAULT_POLL_INTERVAL = 1.0
+#: Seconds a stopping server (SIGTERM, Ctrl-C) and a version being unloaded give the requests already running to
+#: finish (`tfgen serve --drain-timeout`); what is still running after it is cut off.
+DEFAULT_DRAIN_TIMEOUT = 30.0
 #: TF Serving's version policies: `latest` serves the newest version only, `all` every version on disk.
 VERSION_POLICIES = ("latest", "all")
 
@@ -45,6 +48,12 @@ def check_polling_options(*, poll_interval_s=DEFAULT_POLL_INTERVAL, version_poli
                          f"{poll_interval_s!r}")
     if version_policy not in VERSION_POLICIES:
         raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, got {version_policy!r}")
+
+
+def check_drain_timeout(drain_timeout) -> None:
+    """Raises ValueError unless `drain_timeout` is a finite number of seconds >= 0."""
+    if not is_real(drain_timeout) or not 0 <= drain_timeout < float("inf"):
+        raise ValueError(f"drain_timeout must be a finite number of seconds >= 0, got {drain_timeout!r}")
 
 
 def check_port_free(host: str, port: int, option: str | None = None) -> None:

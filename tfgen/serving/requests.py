@@ -198,7 +198,8 @@ def _columns_from_instances(instances, specs: dict) -> dict:
 
 def _to_array(value, spec: tf.TensorSpec, name: str) -> np.ndarray:
     """The JSON value as a numpy array of the input's dtype (TF Serving's dtype rules), every element checked: no
-    booleans or strings for numbers, integers within the dtype's range, floats within float32's."""
+    booleans or strings for numbers, integers within the dtype's range, floats within float32's, true / false (or
+    0 / 1) for bools."""
     shape, leaves = _rectangular(value, name)
     if spec.dtype == tf.string:
         array = np.empty(len(leaves), dtype=object)
@@ -226,7 +227,12 @@ def _rectangular(value, name: str) -> tuple[list[int], list]:
 
 
 def _check_number(leaf, dtype: tf.DType, name: str) -> None:
-    if dtype.is_integer:
+    if dtype == tf.bool:
+        # TF Serving takes JSON booleans; 0 and 1 are read as false and true, any other number is refused (numpy
+        # would read 7 as true).
+        if type(leaf) is not bool and not (type(leaf) is int and leaf in (0, 1)):
+            raise bad_request(f"input {name!r} must hold bool values (true or false), found {_json_text(leaf)}")
+    elif dtype.is_integer:
         if type(leaf) is not int:
             raise bad_request(f"input {name!r} must hold {dtype.name} values (integers), found {_json_text(leaf)}")
         limits = np.iinfo(dtype.as_numpy_dtype)

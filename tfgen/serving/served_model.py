@@ -4,8 +4,14 @@ SignatureDefs, and its continuous-batching engine when it runs one), and loading
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
+import logging
 import os
+import re
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +24,13 @@ from tfgen.generation import compile_cache
 from tfgen.serving.batching import attach_engine, engine_predict
 from tfgen.serving.errors import bad_request, error_text
 from tfgen.value_types import is_integer
+
+logger = logging.getLogger(__name__)
+
+# TF Serving's version numbers are int64 (gRPC's `model_spec.version`, `ModelVersionStatus.version`).
+MAX_VERSION = 2**63 - 1
+_VERSION_NAME = re.compile(r"[1-9][0-9]*|0")  # a canonical decimal: "007" would name folder "7" elsewhere
+_IGNORED_FOLDERS: set[str] = set()  # folders already reported as not versions (polling looks every second)
 
 
 @dataclasses.dataclass
@@ -33,6 +46,19 @@ class ServedModel:
     #: The continuous-batching engine (`tfgen.engine.scheduler.SlotEngine`) when the export has slot signatures
     #: and the server runs one (`tfgen.serving.batching.attach_engine`), else None.
     engine: Any = None
+    #: Requests using this version now (`hold` / `release`): `close` waits for them.
+    users: int = dataclasses.field(default=0, repr=False)
+    _users_changed: threading.Condition = dataclasses.field(default_factory=threading.Condition, repr=False)
+
+    def hold(self) -> None:
+        """Counts a request that uses this version until `release()` (`close` lets it finish first)."""
+        with self._users_changed:
+            self.users += 1
+
+    def release(self) -> None:
+        with self._users_changed:
+            self.users -= 1
+            self._users_changed.notify_all()
 
     def predict(self, signature_name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs one signature on numpy inputs — greedy and sampling rows through the continuous-batching engine when
@@ -49,10 +75,31 @@ class ServedModel:
             raise bad_request(error_text(error.message)) from None
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
-    def close(self) -> None:
-        """Stops what this version runs in the background (its engine; rows still decoding get a 503)."""
+    def close(self, timeout: float | None = 0.0) -> int:
+        """Unloads this version: waits up to `timeout` seconds (None: without limit) for the requests using it to
+        finish, stops its engine (rows still decoding then get a 503) and drops its signatures, so that the memory
+        they hold can be returned (`release_memory`). Returns how many requests were still running (cut off)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._users_changed:
+            while self.users and (deadline is None or deadline > time.monotonic()):
+                self._users_changed.wait(None if deadline is None else deadline - time.monotonic())
+            cut = self.users
         if self.engine is not None:
             self.engine.close()
+        # The loaded SavedModel lives as long as a concrete function of it does (and its compiled programs too).
+        self.signatures, self.input_specs, self.engine = {}, {}, None
+        return cut
+
+
+def release_memory() -> None:
+    """Hands what unloaded versions held back to the system: collects the reference cycles of loaded SavedModels
+    (their functions keep each other alive until a collection) and asks glibc to return its free heap pages
+    (`malloc_trim`; without it the freed memory of TensorFlow's many small allocations stays in the process)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
 
 
 def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *, version: int | None = None,
@@ -107,10 +154,20 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
 
 
 def export_versions(export_dir: str) -> list[int]:
-    """The complete version folders under `export_dir` (numeric names holding a `saved_model.pb`), ascending."""
+    """The complete version folders under `export_dir` (numeric names holding a `saved_model.pb`), ascending. A
+    numeric name beyond int64 or with leading zeros is ignored, with one warning per folder."""
     try:
         entries = os.listdir(export_dir)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(int(entry) for entry in entries
-                  if entry.isdigit() and os.path.isfile(os.path.join(export_dir, entry, "saved_model.pb")))
+    versions = []
+    for entry in entries:
+        if not re.fullmatch(r"[0-9]+", entry) or not os.path.isfile(os.path.join(export_dir, entry, "saved_model.pb")):
+            continue  # other names (an export still being written under its temporary name) are not versions
+        if _VERSION_NAME.fullmatch(entry) and int(entry) <= MAX_VERSION:
+            versions.append(int(entry))
+        elif os.path.join(export_dir, entry) not in _IGNORED_FOLDERS:
+            _IGNORED_FOLDERS.add(os.path.join(export_dir, entry))
+            logger.warning("ignoring the folder %r in %s: a version folder's name is a number in 0..%d (int64) "
+                           "without leading zeros", entry, export_dir, MAX_VERSION)
+    return sorted(versions)

@@ -9,12 +9,15 @@ policy), a request may name a version (`/versions/<n>`, or `model_spec.version` 
 Like TF Serving's file system source (`--file_system_poll_wait_seconds`), `ServedModels.start_polling` looks at
 `export_dir` every few seconds: a new complete version folder is loaded (its warm-up requests replayed) and then
 served; under the `latest` policy the older versions are unloaded once it is ready, under `all` every version on
-disk is served. A version folder removed from disk is unloaded. A version that fails to load is logged and left
+disk is served. A version folder removed from disk is unloaded. A version being unloaded lets the requests using
+it (`acquire`) finish first, within `drain_timeout` seconds, then drops its SavedModel and hands the memory back
+(`release_memory`). A version that fails to load is logged and left
 out (tried again if its folder is removed and written anew); the versions already served keep serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -22,8 +25,14 @@ import time
 from http import HTTPStatus
 
 from tfgen.serving.errors import RequestError
-from tfgen.serving.options import DEFAULT_POLL_INTERVAL, VERSION_POLICIES, check_polling_options
-from tfgen.serving.served_model import ServedModel, export_versions, load_export
+from tfgen.serving.options import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    VERSION_POLICIES,
+    check_drain_timeout,
+    check_polling_options,
+)
+from tfgen.serving.served_model import ServedModel, export_versions, load_export, release_memory
 from tfgen.value_types import is_real
 
 # Re-exported: the options' defaults and checks live in `tfgen.serving.options` (TF-free, for the command line).
@@ -39,20 +48,24 @@ class ServedModels:
     none); `latest` is that newest version. `version_policy` "latest" serves the newest version under
     `export_dir` (the one loaded at construction, or `loaded`), "all" every version there. `poll()` brings the
     versions served in line with the folder once; `start_polling(interval_s)` does it in a background thread
-    until `close()`. `warmup`: replay each version's warm-up requests when it loads. Thread safe: servers call
+    until `close()`. `warmup`: replay each version's warm-up requests when it loads. `drain_timeout`: seconds an
+    unloaded version gives the requests using it (`acquire`) to finish. Thread safe: servers call
     `resolve` from many threads while the poll thread swaps versions.
     """
 
     def __init__(self, export_dir, model_name: str | None = None, *, loaded: ServedModel | None = None,
-                 version_policy: str = "latest", warmup: bool = True, batching: dict | None = None):
+                 version_policy: str = "latest", warmup: bool = True, batching: dict | None = None,
+                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT):
         check_polling_options(version_policy=version_policy)
+        check_drain_timeout(drain_timeout)
+        self.drain_timeout = drain_timeout
         self.export_dir = os.fspath(export_dir) if export_dir is not None else None
         self.version_policy = version_policy
         self.warmup = warmup
         self.batching = batching  # `load_export`'s continuous-batching options for every version loaded
         first = loaded if loaded is not None else load_export(export_dir, model_name, warmup=warmup, batching=batching)
         self.name = first.name
-        self._lock = threading.Lock()  # guards _versions
+        self._lock = threading.RLock()  # guards _versions (re-entered: `acquire` calls `resolve` under it)
         self._poll_lock = threading.Lock()  # one poll at a time
         self._versions: dict[int, ServedModel] = {first.version: first}
         self._failed: set[int] = set()  # versions that failed to load, not tried again while on disk
@@ -95,6 +108,18 @@ class ServedModels:
                                f"{self.name!r} (serving {', '.join(map(str, served)) or 'none'})")
         return found
 
+    @contextlib.contextmanager
+    def acquire(self, name: str, version: int | None = None):
+        """`resolve(name, version)` for the length of a request: the version is not closed (unloaded) until the
+        block ends or `drain_timeout` passes."""
+        with self._lock:  # the version cannot be taken out of the registry between finding and holding it
+            model = self.resolve(name, version)
+            model.hold()
+        try:
+            yield model
+        finally:
+            model.release()
+
     def poll(self) -> None:
         """Looks at `export_dir` once: loads the versions the policy wants that are not loaded yet (newest first;
         under `latest`, the newest that loads), then unloads those no longer wanted — under `latest` every other
@@ -122,7 +147,7 @@ class ServedModels:
             for model in unloaded:
                 logger.info("unloaded version %d of %r (%s)", model.version, self.name,
                             "newer version served" if model.version in on_disk else "its folder is gone")
-                model.close()
+                self._unload(model)
 
     def start_polling(self, interval_s: float = DEFAULT_POLL_INTERVAL) -> None:
         """Calls `poll()` every `interval_s` seconds in a daemon thread until `close()` (or `stop_polling()`).
@@ -145,13 +170,22 @@ class ServedModels:
             self._stop.set()
             thread.join()
 
-    def close(self) -> None:
-        """Stops polling and what the versions run in the background (the continuous-batching engines)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stops polling and unloads every version, each after the requests using it finished (within `timeout`
+        seconds in all; None: `drain_timeout`)."""
         self.stop_polling()
         with self._lock:
             models, self._versions = list(self._versions.values()), {}
+        deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout)
         for model in models:
-            model.close()
+            self._unload(model, max(0.0, deadline - time.monotonic()))
+
+    def _unload(self, model: ServedModel, timeout: float | None = None) -> None:
+        cut = model.close(self.drain_timeout if timeout is None else timeout)
+        if cut:
+            logger.warning("version %d of %r unloaded with %d requests still running (cut off after %g s)",
+                           model.version, self.name, cut, self.drain_timeout if timeout is None else timeout)
+        release_memory()
 
     def _poll_every(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
