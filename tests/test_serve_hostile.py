@@ -28,6 +28,7 @@ import pytest
 import tensorflow as tf
 from conftest import build_hf_gpt2
 from test_serve import MODEL, exports, load_tiny_export  # noqa: F401  (exports: a fixture)
+from test_serve_reliability import wait_for
 
 from tfgen.serving import ModelServer, start_in_thread
 from tfgen.serving import http as serving_http
@@ -100,7 +101,7 @@ def test_header_tricklers_are_dropped_after_the_header_deadline(server, monkeypa
     for thread in tricklers:
         thread.start()
     started = time.monotonic()
-    assert _wait(lambda: server.open_connections == server.max_connections, 5)
+    assert wait_for(lambda: server.open_connections == server.max_connections, 5)
     refused = 0
     while True:  # a legitimate client, retrying on 503
         status, _ = _get(address, STATUS)
@@ -127,15 +128,6 @@ def _closed(sock: socket.socket) -> bool:
         return False
     finally:
         sock.setblocking(True)
-
-
-def _wait(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # --- versions -----------------------------------------------------------------------------------------------------
