@@ -176,7 +176,7 @@ def test_generate_prints_no_tensorflow_lines(tmp_path):
 
 
 def test_tensorflow_start_up_lines_below_the_level_are_dropped():
-    from tfgen.cli import _without_tf_lines_below
+    from tfgen.generation.tf_startup import without_tf_lines_below as _without_tf_lines_below
 
     captured = (
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"

@@ -1,12 +1,13 @@
 """tfgen: an XLA-compiled generate() for TensorFlow/Keras language models.
 
-The names below load on first use, so `import tfgen.cli` can configure TensorFlow's logging before
-TensorFlow itself is imported.
+The names below load on first use, so `import tfgen` imports no TensorFlow; the first import of TensorFlow made by
+tfgen keeps TensorFlow's C++ start-up lines quiet (`tfgen.generation.tf_startup`; `TF_CPP_MIN_LOG_LEVEL=0` shows
+them).
 """
 
 from __future__ import annotations
 
-from tfgen.generation import compile_cache
+from tfgen.generation import compile_cache, tf_startup
 from tfgen.lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -15,6 +16,9 @@ __version__ = "0.1.0"
 # so the compile cache's flag is set now. That creates nothing: the cache's folders, thread and exit hook start
 # with the first compiled program (compile_cache.start()).
 compile_cache.configure()
+# TensorFlow's C++ start-up lines (CUDA probes, absl's notice, cuInit errors) stay quiet when a tfgen module is the
+# first to import it; TF_CPP_MIN_LOG_LEVEL=0 shows them. This installs an import hook and imports nothing.
+tf_startup.quiet_first_import()
 
 _EXPORTS = {
     "AutoModelForCausalLM": "tfgen.auto.models",
@@ -41,6 +45,7 @@ _EXPORTS = {
     "T5Config": "tfgen.models.t5_config",
     "T5ForConditionalGeneration": "tfgen.models.t5",
     "TFGenerationMixin": "tfgen.generation.mixin",
+    "TextGenerationPipeline": "tfgen.pipelines.text_generation",
     "TextIteratorStreamer": "tfgen.generation.streaming",
     "TextStreamer": "tfgen.generation.streaming",
     "TokenCallbackStreamer": "tfgen.generation.streaming",
@@ -48,6 +53,7 @@ _EXPORTS = {
     "batch_generate": "tfgen.batch",
     "export_saved_model": "tfgen.export",
     "from_keras_hub": "tfgen.keras_hub",
+    "pipeline": "tfgen.pipelines.text_generation",
     "pull": "tfgen.hub.pull",
 }
 

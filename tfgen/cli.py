@@ -17,11 +17,10 @@ import contextlib
 import importlib
 import logging
 import os
-import re
 import sys
-import tempfile
 
 from tfgen.commands.interrupts import INTERRUPTED_MESSAGE, INTERRUPTED_STATUS, interrupt_guard
+from tfgen.generation import tf_startup
 
 # Modules whose `add_parser(subparsers)` registers one subcommand each.
 SUBCOMMAND_MODULES = [
@@ -32,14 +31,6 @@ SUBCOMMAND_MODULES = [
     "tfgen.commands.bench",
     "tfgen.commands.pull",
 ]
-
-# The first line of a TensorFlow C++ log message: severity, date, time, thread, file:line. Before absl's logging
-# is set up the time reads "00:00:<seconds since 1970>": "I0000 00:00:1795452449.924579    3605 cudart_stub.cc:31] ".
-_TF_LOG_LINE = re.compile(r"(?P<severity>[IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
-# absl prints it, at warning level, before the first message logged ahead of its initialisation.
-_ABSL_EARLY_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-_SEVERITY_LEVELS = {"I": 0, "W": 1, "E": 2, "F": 3}
-
 
 class TextArgumentParser(argparse.ArgumentParser):
     """An `ArgumentParser` (its subcommands' parsers too) that refuses an argument which is not valid UTF-8 text.
@@ -163,14 +154,12 @@ def _library_messages_on_stderr(level: int):
 
 @contextlib.contextmanager
 def _quiet_tensorflow():
-    """Imports TensorFlow with its C++ log lines held to `TF_CPP_MIN_LOG_LEVEL` (set to 3 unless the user set it),
-    and hides TensorFlow's Python warnings (such as retracing) at level 2 and above, until the block ends."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    try:
-        min_level = int(os.environ["TF_CPP_MIN_LOG_LEVEL"])
-    except ValueError:
-        min_level = 0  # TensorFlow's reading of a value that is not a number
-    _import_tensorflow(min_level)
+    """Imports TensorFlow with its C++ log lines held to `TF_CPP_MIN_LOG_LEVEL` (set to 3 for the whole command unless
+    the user set it; the lines printed before TensorFlow reads it are dropped by `tfgen.generation.tf_startup`), and
+    hides TensorFlow's Python warnings (such as retracing) at level 2 and above, until the block ends."""
+    os.environ.setdefault(tf_startup.LEVEL_VARIABLE, str(tf_startup.QUIET_LEVEL))
+    min_level = tf_startup.min_log_level()
+    tf_startup.import_tensorflow_quietly(min_level)
     tf_logger = logging.getLogger("tensorflow")
     previous_level = tf_logger.level
     if min_level >= 2:
@@ -179,51 +168,6 @@ def _quiet_tensorflow():
         yield
     finally:
         tf_logger.setLevel(previous_level)
-
-
-def _import_tensorflow(min_level: int) -> None:
-    """Imports TensorFlow, dropping the C++ log lines below `min_level` that it prints while loading.
-
-    Two of its shared libraries log "Could not find cuda drivers" as they load, before absl's logging is set up
-    and TF_CPP_MIN_LOG_LEVEL read, so no setting silences them. File descriptor 2 points at a temporary file
-    during the import; what was written there is then replayed on stderr without those lines (all of it when the
-    import fails, which then raises as usual).
-    """
-    if "tensorflow" in sys.modules:
-        return
-    sys.stderr.flush()
-    real_stderr = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        except BaseException:
-            min_level = 0  # everything: it may explain the failure
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(real_stderr, 2)
-            os.close(real_stderr)
-            captured.seek(0)
-            sys.stderr.write(_without_tf_lines_below(captured.read().decode(errors="replace"), min_level))
-            sys.stderr.flush()
-
-
-def _without_tf_lines_below(text: str, min_level: int) -> str:
-    """`text` without the lines of TensorFlow C++ log messages below `min_level`, and without absl's notice of
-    early logging when warnings are below it too."""
-    kept = []
-    for line in text.splitlines(keepends=True):
-        message = _TF_LOG_LINE.match(line)
-        if message:
-            level = _SEVERITY_LEVELS[message["severity"]]
-        elif line.rstrip("\n") == _ABSL_EARLY_NOTICE:
-            level = _SEVERITY_LEVELS["W"]
-        else:
-            level = min_level  # not TensorFlow's log: always kept
-        if level >= min_level:
-            kept.append(line)
-    return "".join(kept)
 
 
 if __name__ == "__main__":
