@@ -39,6 +39,10 @@ def check_input_ids(input_ids, vocab_size: int) -> np.ndarray:
     """int32 `[batch, prompt_len]` ids from any array-like (None: one empty row), each in `[0, vocab_size)`."""
     if input_ids is None:
         input_ids = np.zeros([1, 0], np.int32)
+    if _holds_text(input_ids):
+        # generate() is HF's: ids in, ids out (keras-hub's takes text). Text goes through a tokenizer or the pipeline.
+        raise TypeError("input_ids holds text (str); tokenize it first (tokenizer(...)) or use "
+                        "tfgen.pipeline('text-generation', ...)")
     if isinstance(input_ids, (tf.Tensor, tf.Variable)):
         input_ids = input_ids.numpy()
     try:
@@ -57,6 +61,16 @@ def check_input_ids(input_ids, vocab_size: int) -> np.ndarray:
         bad = array[(array < 0) | (array >= vocab_size)][0]
         raise ValueError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab_size}).")
     return array.astype(np.int32)
+
+
+def _holds_text(value) -> bool:
+    """Whether a prompt is text: a string, a string tensor or array, or (nested) lists holding a string first."""
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return value.dtype == tf.string
+    return isinstance(value, (str, bytes)) or (isinstance(value, np.ndarray) and value.dtype.kind in "USO"
+                                                and value.size > 0 and isinstance(value.flat[0], (str, bytes)))
 
 
 def check_attention_mask(attention_mask, input_ids: np.ndarray, pad_token_id: int, eos_ids, *, stacklevel: int = 4,
