@@ -26,6 +26,7 @@ from tfgen.commands.interrupts import INTERRUPTED_MESSAGE, INTERRUPTED_STATUS, i
 # Modules whose `add_parser(subparsers)` registers one subcommand each.
 SUBCOMMAND_MODULES = [
     "tfgen.commands.generate",
+    "tfgen.commands.chat",
     "tfgen.commands.batch",
     "tfgen.commands.export",
     "tfgen.commands.serve",
