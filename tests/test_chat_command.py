@@ -293,6 +293,7 @@ SMOLLM2_TURNS = ["My name is Alice. Please remember it.", "What is my name?"]
 SMOLLM2_NEW_TOKENS = 40
 
 
+@pytest.mark.slow  # the real model: two SmolLM2 compiles (the chat's streamed program, the reference's whole one)
 def test_smollm2_chat_second_answer_uses_the_first_turn_and_is_generates(capsys, monkeypatch, tmp_path):
     from tfgen.auto import models
     from tfgen.hub.pull import pull
