@@ -68,6 +68,7 @@ def run(args) -> int:
     from tfgen.auto.tokenizer import AutoTokenizer
     from tfgen.commands.answers import answer_length, applies_chat_template, check_template_flags, report_answer
     from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
+    from tfgen.decoding.model_protocol import capabilities
     from tfgen.generation.streaming import TextStreamer
     from tfgen.hub.pull import resolve_model_argument
 
@@ -110,7 +111,9 @@ def run(args) -> int:
     if streamer is None:
         # A chat prints the answer: the tokens after the rendered conversation.
         print(tokenizer.decode(row[prompt_length if chat else 0 :], skip_special_tokens=True))
-    report_answer(model, tokenizer, row[prompt_length:], budget_was_default=args.max_new_tokens is None,
+    # The new tokens follow the prompt; an encoder-decoder model's sequences are its decoder's, after its start token.
+    new_from = 1 if capabilities(model).encoder_decoder else prompt_length
+    report_answer(model, tokenizer, row[new_from:], budget_was_default=args.max_new_tokens is None,
                   stop_strings=args.stop_strings, raw_on_chat_model=args.raw and tokenizer.chat_template is not None)
     # (The load / compile / generation timings line, `--verbose`, belongs here: tfgen.commands.timings.)
     return 0
