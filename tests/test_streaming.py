@@ -111,7 +111,9 @@ def test_first_call_announces_compilation_later_calls_are_quiet(tiny_model, capl
         # An n-gram size no other test uses makes this a new program.
         tiny_model.generate(ids, max_new_tokens=4, no_repeat_ngram_size=7)
         first = caplog.text
-        assert "compiling generate for batch 1, prompt length 16" in first and "compiled generate in" in first
+        # The figures asked for, with the buckets compiled for beside them.
+        assert "compiling generate for batch 1, prompt length 5 (bucket 16), 4 new tokens (bucket 16) ..." in first
+        assert "compiled generate in" in first
         caplog.clear()
         tiny_model.generate(ids, max_new_tokens=4, no_repeat_ngram_size=7)
         assert "compiling" not in caplog.text

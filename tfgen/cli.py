@@ -25,6 +25,7 @@ from tfgen.generation import tf_startup
 # Modules whose `add_parser(subparsers)` registers one subcommand each.
 SUBCOMMAND_MODULES = [
     "tfgen.commands.generate",
+    "tfgen.commands.chat",
     "tfgen.commands.batch",
     "tfgen.commands.export",
     "tfgen.commands.serve",

@@ -11,7 +11,7 @@ from tfgen.local_files import read_json_file
 
 
 def add_model_argument(parser) -> None:
-    """The `--model` option of the commands that load a model (generate, batch, export), as
+    """The `--model` option of the commands that load a model (generate, chat, batch, export), as
     `tfgen.hub.pull.resolve_model_argument` reads it."""
     parser.add_argument(
         "--model", default=None, help="local model directory or .gguf file, hub id (HF layout), or a registered name "
@@ -20,7 +20,7 @@ def add_model_argument(parser) -> None:
 
 
 def add_sampling_arguments(parser) -> None:
-    """The decoding flags of the commands that generate (generate, batch): greedy or sampling and the common
+    """The decoding flags of the commands that generate (generate, chat, batch): greedy or sampling and the common
     warpers, as `sampling_options` reads them."""
     parser.add_argument("--do-sample", action="store_true", default=None, help="sample instead of greedy search")
     parser.add_argument("--greedy", action="store_false", dest="do_sample", help="force greedy search")

@@ -1,5 +1,7 @@
-"""`tfgen generate --model PATH_OR_ID_OR_NAME "prompt"`: continue a prompt and print the text; with `--chat`, answer
-the prompt as a user message in the model's chat template and print the answer only."""
+"""`tfgen generate --model PATH_OR_ID_OR_NAME "prompt"`: on a model with a chat template, answer the prompt as a user
+message in that template and print the answer only (ollama's and llama-cli's behaviour; `--raw` continues the prompt as
+plain text instead); on a model without one, continue the prompt and print the text. Without `--max-new-tokens` the
+answer runs to the end of its turn within `tfgen.config.budget`'s budget, and a cut answer says so on stderr."""
 
 from __future__ import annotations
 
@@ -23,13 +25,18 @@ DRAFTING_FLAGS = {
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="continue a prompt with a model")
-    parser.add_argument("prompt", help="the text to continue (empty: start from the model's bos token), or with "
-                        "--chat the user's message")
+    parser.add_argument("prompt", help="the user's message to a model with a chat template, else (or with --raw) "
+                        "the text to continue (empty: start from the model's bos token)")
     add_model_argument(parser)
-    parser.add_argument("--chat", action="store_true", help="render the prompt as a user message with the model's "
-                        "chat template (and the assistant's turn opened), print only the answer")
-    parser.add_argument("--system", metavar="TEXT", help="with --chat: a system message before the user's")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default: model's config)")
+    template = parser.add_mutually_exclusive_group()
+    template.add_argument("--chat", action="store_true", help="render the prompt as a user message with the model's "
+                          "chat template (and the assistant's turn opened), print only the answer: the default on a "
+                          "model with a chat template; an error on one without")
+    template.add_argument("--raw", action="store_true", help="continue the prompt as plain text, without the model's "
+                          "chat template")
+    parser.add_argument("--system", metavar="TEXT", help="a system message before the user's (chat template only)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default: the model's "
+                        "config, else to the end of the answer within a generous budget, tfgen.config.budget)")
     add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), help="sampling seed")
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
@@ -59,12 +66,13 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from tfgen.auto.models import load_generation_model
     from tfgen.auto.tokenizer import AutoTokenizer
+    from tfgen.commands.answers import answer_length, applies_chat_template, check_template_flags, report_answer
     from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
+    from tfgen.decoding.model_protocol import capabilities
     from tfgen.generation.streaming import TextStreamer
     from tfgen.hub.pull import resolve_model_argument
 
-    if args.system is not None and not args.chat:
-        raise ValueError("--system needs --chat (it is the system message of the chat)")
+    check_template_flags(args.chat, args.raw, args.system)
     drafting = drafting_options(args)
     structured = structured_options(args)
     model_path = resolve_model_argument(args.model)
@@ -72,10 +80,13 @@ def run(args) -> int:
     # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
     # ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and refuses it, naming
     # bos_token_id, when the model has none).
-    encoded = _chat_prompt(tokenizer, args, model_path) if args.chat else tokenizer(args.prompt, return_tensors="np")
+    chat = applies_chat_template(tokenizer, args.chat, args.raw, args.system, model_path)
+    encoded = _chat_prompt(tokenizer, args) if chat else tokenizer(args.prompt, return_tensors="np")
+    prompt_length = encoded["input_ids"].shape[1]
     model = load_generation_model(model_path)
     options = {
         **sampling_options(args),
+        "max_new_tokens": answer_length(model, args.max_new_tokens, prompt_length),
         "stop_strings": args.stop_strings,
         "max_time": args.max_time,
         **drafting,
@@ -86,7 +97,7 @@ def run(args) -> int:
         # --greedy overrides a sampling config: its warpers go back to their neutral values (options the user
         # gave on the command line stay, and generate() warns about them as it should).
         options = {**SAMPLING_ONLY_NEUTRAL, **options}
-    streamer = TextStreamer(tokenizer, skip_prompt=args.chat) if args.stream else None
+    streamer = TextStreamer(tokenizer, skip_prompt=chat) if args.stream else None
     sequences = model.generate(
         encoded["input_ids"],
         attention_mask=encoded["attention_mask"],
@@ -96,24 +107,21 @@ def run(args) -> int:
         tokenizer=tokenizer,
         **options,
     )
+    row = sequences[0].numpy()
     if streamer is None:
         # A chat prints the answer: the tokens after the rendered conversation.
-        start = encoded["input_ids"].shape[1] if args.chat else 0
-        print(tokenizer.decode(sequences[0].numpy()[start:], skip_special_tokens=True))
+        print(tokenizer.decode(row[prompt_length if chat else 0 :], skip_special_tokens=True))
+    # The new tokens follow the prompt; an encoder-decoder model's sequences are its decoder's, after its start token.
+    new_from = 1 if capabilities(model).encoder_decoder else prompt_length
+    report_answer(model, tokenizer, row[new_from:], budget_was_default=args.max_new_tokens is None,
+                  stop_strings=args.stop_strings, raw_on_chat_model=args.raw and tokenizer.chat_template is not None)
+    # (The load / compile / generation timings line, `--verbose`, belongs here: tfgen.commands.timings.)
     return 0
 
 
-def _chat_prompt(tokenizer, args, model_path: str) -> dict:
+def _chat_prompt(tokenizer, args) -> dict:
     """`input_ids` and `attention_mask` [1, T] of the conversation (the optional system message, the prompt as the
-    user's), rendered with the assistant's turn opened. MissingChatTemplateError (status 1) for a model without a
-    chat template."""
-    from tfgen.text.chat_template import MissingChatTemplateError
-
-    if tokenizer.chat_template is None:
-        raise MissingChatTemplateError(
-            f"--chat needs a chat template, and the model {model_path!r} has none (no chat_template.jinja, no "
-            "chat_template in tokenizer_config.json); leave out --chat to continue the prompt as plain text"
-        )
+    user's), rendered with the assistant's turn opened."""
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     messages = system + [{"role": "user", "content": args.prompt}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="np", return_dict=True)

@@ -12,6 +12,9 @@ TensorFlow itself leaves the SIGINT handler alone (checked before, during and af
 the main thread again `REDELIVERY_SECONDS` after each time the handler raised it. A watcher thread reads every
 signal from the wakeup file descriptor, which the C-level handler writes to at once, so a second SIGINT is seen
 even while the main thread is stuck in C++: it writes `tfgen: interrupted` and ends the process with status 130.
+
+A command that answers a Ctrl-C and carries on (`tfgen chat` stops the answer and returns to its prompt) calls
+`interrupt_handled()`: the guard stops delivering that one, and the next Ctrl-C counts as a first one again.
 """
 
 from __future__ import annotations
@@ -40,14 +43,23 @@ class _Guard:
         self.main_thread_id = threading.main_thread().ident
         self.lock = threading.Lock()
         self.signals = 0  # SIGINTs received (counted by the watcher, from the wakeup fd)
+        self.handled = 0  # of those, the ones the command answered and carried on from (`interrupt_handled`)
         self.injected = 0  # wakeup bytes written by our own re-deliveries, not by the user
         self.raised_at: float | None = None  # when the handler last raised KeyboardInterrupt
         self.taken = False  # the command has its KeyboardInterrupt (or ended): stop delivering
 
     @property
     def received(self) -> bool:
-        """Whether a SIGINT came while the guard was on (whether or not Python has acted on it yet)."""
-        return self.signals > 0 or self.raised_at is not None
+        """Whether a SIGINT that the command has not handled came while the guard was on (whether or not Python has
+        acted on it yet)."""
+        return self.signals > self.handled or self.raised_at is not None
+
+    def mark_handled(self) -> None:
+        """The command took the KeyboardInterrupt and carries on: no more deliveries of it, and the next SIGINT
+        counts as a first one."""
+        with self.lock:
+            self.handled = max(self.handled + 1, self.signals)
+            self.raised_at = None
 
     def handle(self, signum, frame) -> None:
         """The Python-level SIGINT handler: raises KeyboardInterrupt until the command has taken it."""
@@ -74,7 +86,7 @@ class _Guard:
                         self.injected -= 1
                         continue
                     self.signals += 1
-                if self.signals >= 2 and not self.taken:
+                if self.signals - self.handled >= 2 and not self.taken:
                     os.write(self.stderr_fd, (INTERRUPTED_MESSAGE + "\n").encode())
                     exit_now(INTERRUPTED_STATUS)
             self._redeliver_if_lost()
@@ -85,7 +97,7 @@ class _Guard:
 
     def _redeliver_if_lost(self) -> None:
         raised_at = self.raised_at
-        if self.taken or self.signals == 0 or raised_at is None:
+        if self.taken or self.signals <= self.handled or raised_at is None:
             return  # nothing to deliver, or the handler has not run yet (the main thread is still in C++)
         if time.monotonic() - raised_at < REDELIVERY_SECONDS:
             return
@@ -94,6 +106,22 @@ class _Guard:
             self.raised_at = None
         # The signal again, to the main thread: it also ends a wait there (sleep, select) as the user's did.
         signal.pthread_kill(self.main_thread_id, signal.SIGINT)
+
+
+_ACTIVE: list[_Guard] = []  # the guards on, innermost last
+
+
+def interrupt_handled() -> None:
+    """Says that the command took the Ctrl-C it was given and carries on (see the module docstring); nothing when no
+    guard is on."""
+    if _ACTIVE:
+        _ACTIVE[-1].mark_handled()
+
+
+def interrupt_pending() -> bool:
+    """Whether a Ctrl-C came that the command has not handled (an error raised meanwhile may be a KeyboardInterrupt
+    that a library turned into another exception)."""
+    return bool(_ACTIVE) and _ACTIVE[-1].received
 
 
 @contextlib.contextmanager
@@ -124,9 +152,11 @@ def interrupt_guard():
     sys.unraisablehook = _dropping_interrupts(previous_hook)
     watcher = threading.Thread(target=guard.watch, args=(read_fd,), name="tfgen-interrupts", daemon=True)
     watcher.start()
+    _ACTIVE.append(guard)
     try:
         yield guard
     finally:
+        _ACTIVE.remove(guard)
         # In this order: no more deliveries, the watcher stopped (no injection can still be pending when the
         # previous handler comes back), then everything as it was.
         guard.taken = True

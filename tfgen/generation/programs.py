@@ -178,15 +178,24 @@ class ChunkedProgram:
 
 @contextlib.contextmanager
 def announce_compile(request: Request, compiling: bool, what: str = "generate"):
-    """Logs that a first call is compiling (it takes seconds, so nobody thinks it hung), and how long it took."""
+    """Logs that a first call is compiling (it takes seconds, so nobody thinks it hung), and how long it took. The
+    figures are the ones the caller asked for, each with the bucket the program is compiled for when it differs
+    ("prompt length 45 (bucket 48), 20 new tokens (bucket 32)")."""
     if not compiling:
         yield
         return
-    batch, length = request.inputs.input_ids.shape
+    batch, width = request.inputs.input_ids.shape
     logger.info(
-        "compiling %s for batch %d, prompt length %d, %d new tokens ...",
-        what, batch, length, request.spec.buffer_new_tokens,
+        "compiling %s for %s, %s, %s ...", what, _with_bucket("batch {}", request.batch_size, batch),
+        _with_bucket("prompt length {}", request.prompt_len, width),
+        _with_bucket("{} new tokens", request.max_new_tokens, request.spec.buffer_new_tokens),
     )
     began = time.perf_counter()
     yield
     logger.info("compiled %s in %.1f s", what, time.perf_counter() - began)
+
+
+def _with_bucket(words: str, asked: int, bucket: int) -> str:
+    """`words` with the figure `asked`, and the compiled `bucket` beside it when the two differ."""
+    text = words.format(asked)
+    return text if asked == bucket else f"{text} (bucket {bucket})"
