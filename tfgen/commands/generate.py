@@ -50,6 +50,8 @@ def add_parser(subparsers) -> None:
     drafting.add_argument("--num-assistant-tokens", type=int, metavar="K",
                           help="with --assistant-early-exit: tokens drafted per round (default: config, else 20)")
     parser.add_argument("--no-jit", action="store_true", help="run the loop eagerly (debugging)")
+    parser.add_argument("--verbose", action="store_true", help="end with a line of timings on stderr: load, compile, "
+                        "prompt and generation (tokens/s)")
     parser.add_argument(
         "--no-stream", dest="stream", action="store_false", help="print the text at the end instead of token by token"
     )
@@ -59,6 +61,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from tfgen.auto.models import load_generation_model
     from tfgen.auto.tokenizer import AutoTokenizer
+    from tfgen.commands.timings import Timings
     from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
     from tfgen.generation.streaming import TextStreamer
     from tfgen.hub.pull import resolve_model_argument
@@ -67,13 +70,16 @@ def run(args) -> int:
         raise ValueError("--system needs --chat (it is the system message of the chat)")
     drafting = drafting_options(args)
     structured = structured_options(args)
+    timings = Timings()
     model_path = resolve_model_argument(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    with timings.loading():
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
     # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
     # ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and refuses it, naming
     # bos_token_id, when the model has none).
     encoded = _chat_prompt(tokenizer, args, model_path) if args.chat else tokenizer(args.prompt, return_tensors="np")
-    model = load_generation_model(model_path)
+    with timings.loading():
+        model = load_generation_model(model_path)
     options = {
         **sampling_options(args),
         "stop_strings": args.stop_strings,
@@ -87,19 +93,25 @@ def run(args) -> int:
         # gave on the command line stay, and generate() warns about them as it should).
         options = {**SAMPLING_ONLY_NEUTRAL, **options}
     streamer = TextStreamer(tokenizer, skip_prompt=args.chat) if args.stream else None
-    sequences = model.generate(
-        encoded["input_ids"],
-        attention_mask=encoded["attention_mask"],
-        seed=args.seed,
-        jit_compile=not args.no_jit,
-        streamer=streamer,
-        tokenizer=tokenizer,
-        **options,
-    )
+    with timings.generating(model, encoded["input_ids"].shape[1]):
+        sequences = model.generate(
+            encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            seed=args.seed,
+            jit_compile=not args.no_jit,
+            streamer=timings.streamer(streamer) if args.verbose else streamer,
+            tokenizer=tokenizer,
+            **options,
+        )
     if streamer is None:
         # A chat prints the answer: the tokens after the rendered conversation.
         start = encoded["input_ids"].shape[1] if args.chat else 0
         print(tokenizer.decode(sequences[0].numpy()[start:], skip_special_tokens=True))
+    if args.verbose:
+        if streamer is None:
+            timings.count_answer(sequences[0].numpy()[encoded["input_ids"].shape[1]:],
+                                 model.generation_config.eos_token_ids())
+        timings.report()
     return 0
 
 
