@@ -92,17 +92,19 @@ def read_part(digest: str, part: str) -> tuple[dict, bytes] | None:
         return None
     try:
         problem = _folder_problem(folder)
-        if problem is None:
-            meta = json.loads(read_entry(meta_path, _DATA_CAP))
-            data, payload_digest = meta["data"], meta["payload_crc32"]
-            if meta.get("format") != FORMAT:
-                problem = f"format {meta.get('format')!r}, not {FORMAT}"
-            elif _data_digest(data) != meta["data_sha256"]:
-                problem = "its data do not match their checksum"
-            else:
-                payload = read_entry(folder / _PAYLOADS[part], 2 * MAX_CACHED_WEIGHT_BYTES)
-                if zlib.crc32(payload) != payload_digest:
-                    problem = f"{_PAYLOADS[part]} does not match its checksum"
+        if problem is not None:  # not this user's alone: neither used nor touched
+            logger.warning("tfgen's GGUF cache does not use %s: %s", folder, problem)
+            return None
+        meta = json.loads(read_entry(meta_path, _DATA_CAP))
+        data, payload_digest = meta["data"], meta["payload_crc32"]
+        if meta.get("format") != FORMAT:
+            problem = f"format {meta.get('format')!r}, not {FORMAT}"
+        elif _data_digest(data) != meta["data_sha256"]:
+            problem = "its data do not match their checksum"
+        else:
+            payload = read_entry(folder / _PAYLOADS[part], 2 * MAX_CACHED_WEIGHT_BYTES)
+            if zlib.crc32(payload) != payload_digest:
+                problem = f"{_PAYLOADS[part]} does not match its checksum"
     except FileNotFoundError:
         problem = "a file is missing"
     except (ValueError, KeyError, TypeError) as error:  # unreadable JSON, a link, not a regular file, a key missing
