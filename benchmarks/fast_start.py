@@ -23,7 +23,7 @@ from pathlib import Path
 
 GOALS = {"second run load_s": 2.0, "second run compile_s": 2.0, "second run wall_s": 8.0}
 _LINE = re.compile(r"tfgen: load (?P<load>[\d.]+) s.*?compile \+ prompt (?P<compile>[\d.]+) s \((?P<source>[^,]+),"
-                   r".*?generated (?P<tokens>\d+) tokens(, (?P<rate>[\d.]+) tokens/s)?")
+                   r".*?generated (?P<tokens>\d+) tokens( in [\d.]+ s, (?P<rate>[\d.]+) tokens/s)?")
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
 
 

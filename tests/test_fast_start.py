@@ -147,19 +147,25 @@ def test_the_cache_off_writes_nothing(gguf_path, fresh, cache_on, monkeypatch):
     assert not cache_on.exists() and not load_cache.counters
 
 
-SUMMARY = re.compile(r"^tfgen: load \d+\.\d\d s \| compile \+ prompt \d+\.\d\d s \((compiled|program from the XLA "
-                     r"cache), tracing included\) \| prompt (\d+) tokens \| generated (\d+) tokens(, \d+\.\d tokens/s)?"
-                     r" \| total \d+\.\d\d s$", re.MULTILINE)
+SUMMARY = re.compile(
+    r"^tfgen: load \d+\.\d\d s \| compile \+ prompt \d+\.\d\d s \((compiled|program from the XLA cache), tracing "
+    r"included\) \| prompt (\d+) tokens \| generated (\d+) tokens( in \d+\.\d\d s, \d+\.\d tokens/s)? \| total "
+    r"\d+\.\d\d s$", re.MULTILINE)
 
 
-def test_verbose_ends_with_the_timings_line(gguf_path, fresh, capsys):
+@pytest.mark.parametrize("flags", [[], ["--no-stream"]], ids=["streaming", "no-stream"])
+def test_verbose_ends_with_the_timings_line(gguf_path, fresh, capsys, flags):
     tokenizer = fresh[0]
     prompt_tokens = np.asarray(tokenizer("Hello world")["input_ids"]).size
     assert main(["generate", "--model", str(gguf_path), "Hello world", "--max-new-tokens", "12", "--greedy",
-                 "--verbose"]) == 0
+                 "--verbose", *flags]) == 0
     match = SUMMARY.search(capsys.readouterr().err)
     assert match, "no timings line"
+    assert match.group(1) == "compiled"  # conftest turns the compile cache off
     assert int(match.group(2)) == prompt_tokens and 1 <= int(match.group(3)) <= 12
-    assert main(["generate", "--model", str(gguf_path), "Hello world", "--max-new-tokens", "12", "--greedy",
-                 "--no-stream"]) == 0
+
+
+def test_without_verbose_there_is_no_timings_line(gguf_path, capsys):
+    assert main(["generate", "--model", str(gguf_path), "Hello world", "--max-new-tokens", "3", "--greedy",
+                 "--no-stream", "--no-jit"]) == 0
     assert "tfgen: load" not in capsys.readouterr().err

@@ -54,7 +54,9 @@ class Timings:
         if self.first_call_s is None:  # no streamer: one compiled call did everything
             self.first_call_s = ended - self.call_began
         if getattr(model, "generate_trace_count", 0) > traces:
-            self.compiled = compile_cache.compiled_here() > compiled
+            # Without the persistent cache (or before its first program) every compile is XLA's own.
+            now = compile_cache.compiled_here()
+            self.compiled = now is None or now > (compiled or 0)
         else:
             self.compiled = None
 
@@ -85,7 +87,8 @@ class Timings:
         else:
             parts.append(f"prompt {self.prompt_tokens} tokens in {first_chunk:.2f} s")
         if per_token is not None:
-            parts.append(f"generated {self.new_tokens} tokens, {1 / per_token:.1f} tokens/s")
+            parts.append(f"generated {self.new_tokens} tokens in {per_token * self.new_tokens:.2f} s, "
+                         f"{1 / per_token:.1f} tokens/s")
         else:
             parts.append(f"generated {self.new_tokens} tokens")
         parts.append(f"total {time.perf_counter() - self.began:.2f} s")

@@ -230,10 +230,10 @@ def heal(error: BaseException) -> bool:
     return True
 
 
-def compiled_here() -> int:
-    """How many programs this process compiled itself (not loaded from the store) so far; 0 without the cache."""
+def compiled_here() -> int | None:
+    """How many programs this process compiled itself (not loaded from the store) so far; None without the cache."""
     filler = _filler
-    return 0 if filler is None else sum(path.name not in filler.linked for path in filler.private.glob("*.pb"))
+    return None if filler is None else sum(path.name not in filler.linked for path in filler.private.glob("*.pb"))
 
 
 def _user_xla_flags() -> str:
