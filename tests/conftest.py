@@ -9,6 +9,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests never write the user's persistent compile cache (tests/test_compile_cache.py points it at temp folders).
 os.environ.setdefault("TFGEN_COMPILE_CACHE", "0")
+# Nor the GGUF load cache (tests/test_fast_start.py turns it on in temp folders).
+os.environ.setdefault("TFGEN_GGUF_CACHE", "0")
 
 import numpy as np
 import pytest

@@ -12,9 +12,7 @@ import keras
 
 from tfgen.auto.sources import resolve_source
 from tfgen.gguf import is_gguf_path, refuse_hub_options
-from tfgen.gguf.config import hf_config_dict
-from tfgen.gguf.files import open_gguf
-from tfgen.gguf.tensors import read_hf_tensors
+from tfgen.gguf.load_cache import gguf_checkpoint
 from tfgen.keras_hub.adapter import from_preset as keras_hub_preset
 from tfgen.keras_hub.presets import is_keras_hub_preset
 from tfgen.local_files import file_present
@@ -138,13 +136,12 @@ class AutoModelForCausalLM(_AutoModel):
             # One file holds the config (as metadata) and the weights (dequantized to float32 once checked).
             # A file is local: Hub options could do nothing for it.
             refuse_hub_options(path_or_repo_id, **hub_options)
-            gguf_file = open_gguf(path_or_repo_id)
-            config_dict = hf_config_dict(gguf_file)
-            config_path = Path(gguf_file.path)
+            # The GGUF load cache (tfgen.gguf.load_cache) may hold both, from an earlier load of the same file.
+            config_dict, shown_path, read_weights = gguf_checkpoint(path_or_repo_id)
+            config_path = Path(shown_path)
             with naming_the_file(config_path):
                 model_class = _model_class(config_dict.get("model_type"), cls.mapping)
-            return build_pretrained(model_class, config_dict, dtype, policy, config_path, None,
-                                    lambda: read_hf_tensors(gguf_file, config_dict))
+            return build_pretrained(model_class, config_dict, dtype, policy, config_path, None, read_weights)
         if is_keras_hub_preset(path_or_repo_id):
             refuse_hub_options(path_or_repo_id, "keras-hub preset", **hub_options)
             return keras_hub_preset(path_or_repo_id, dtype=dtype)

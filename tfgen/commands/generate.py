@@ -57,6 +57,8 @@ def add_parser(subparsers) -> None:
     drafting.add_argument("--num-assistant-tokens", type=int, metavar="K",
                           help="with --assistant-early-exit: tokens drafted per round (default: config, else 20)")
     parser.add_argument("--no-jit", action="store_true", help="run the loop eagerly (debugging)")
+    parser.add_argument("--verbose", action="store_true", help="end with a line of timings on stderr: load, compile, "
+                        "prompt and generation (tokens/s)")
     parser.add_argument(
         "--no-stream", dest="stream", action="store_false", help="print the text at the end instead of token by token"
     )
@@ -67,6 +69,7 @@ def run(args) -> int:
     from tfgen.auto.models import load_generation_model
     from tfgen.auto.tokenizer import AutoTokenizer
     from tfgen.commands.answers import answer_length, applies_chat_template, check_template_flags, report_answer
+    from tfgen.commands.timings import Timings
     from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
     from tfgen.decoding.model_protocol import capabilities
     from tfgen.generation.streaming import TextStreamer
@@ -75,15 +78,18 @@ def run(args) -> int:
     check_template_flags(args.chat, args.raw, args.system)
     drafting = drafting_options(args)
     structured = structured_options(args)
+    timings = Timings()
     model_path = resolve_model_argument(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    with timings.loading():
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
     # Before the model loads, so that a model that cannot chat is refused at once. An empty plain prompt encodes to
     # ids and mask of shape [1, 0]: generate() starts it from the model's bos token (and refuses it, naming
     # bos_token_id, when the model has none).
     chat = applies_chat_template(tokenizer, args.chat, args.raw, args.system, model_path)
     encoded = _chat_prompt(tokenizer, args) if chat else tokenizer(args.prompt, return_tensors="np")
     prompt_length = encoded["input_ids"].shape[1]
-    model = load_generation_model(model_path)
+    with timings.loading():
+        model = load_generation_model(model_path)
     options = {
         **sampling_options(args),
         "max_new_tokens": answer_length(model, args.max_new_tokens, prompt_length),
@@ -98,15 +104,16 @@ def run(args) -> int:
         # gave on the command line stay, and generate() warns about them as it should).
         options = {**SAMPLING_ONLY_NEUTRAL, **options}
     streamer = TextStreamer(tokenizer, skip_prompt=chat) if args.stream else None
-    sequences = model.generate(
-        encoded["input_ids"],
-        attention_mask=encoded["attention_mask"],
-        seed=args.seed,
-        jit_compile=not args.no_jit,
-        streamer=streamer,
-        tokenizer=tokenizer,
-        **options,
-    )
+    with timings.generating(model, prompt_length):
+        sequences = model.generate(
+            encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            seed=args.seed,
+            jit_compile=not args.no_jit,
+            streamer=timings.streamer(streamer) if args.verbose else streamer,
+            tokenizer=tokenizer,
+            **options,
+        )
     row = sequences[0].numpy()
     if streamer is None:
         # A chat prints the answer: the tokens after the rendered conversation.
@@ -115,7 +122,10 @@ def run(args) -> int:
     new_from = 1 if capabilities(model).encoder_decoder else prompt_length
     report_answer(model, tokenizer, row[new_from:], budget_was_default=args.max_new_tokens is None,
                   stop_strings=args.stop_strings, raw_on_chat_model=args.raw and tokenizer.chat_template is not None)
-    # (The load / compile / generation timings line, `--verbose`, belongs here: tfgen.commands.timings.)
+    if args.verbose:
+        if streamer is None:
+            timings.count_answer(row[new_from:], model.generation_config.eos_token_ids())
+        timings.report()
     return 0
 
 

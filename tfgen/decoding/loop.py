@@ -148,14 +148,13 @@ def generate_all(loop: DecodingLoop, inputs: DecodeInputs) -> dict:
     return loop.result(inputs, state)
 
 
-def generate_chunk(loop: DecodingLoop, inputs: DecodeInputs, state, first: tf.Tensor, max_steps: int):
-    """One streaming chunk: starts the loop when `first` (bool scalar; `state` is then `zero_state`'s), then
-    runs up to `max_steps` steps. Returns `(state, finished)`, finished a bool scalar: nothing is left to do.
+def generate_chunk(loop: DecodingLoop, inputs: DecodeInputs, state, max_steps: int):
+    """One streaming chunk: up to `max_steps` steps from `state` (the first chunk's comes from `loop.start`, a
+    program of its own). Returns `(state, finished)`, finished a bool scalar: nothing is left to do.
 
-    One program serves the first and every later chunk, so streaming compiles once. Chunks use the model
-    itself, not its decoding view: what a view prepares per run would be redone on every chunk of a few steps.
+    Chunks use the model itself, not its decoding view: what a view prepares per run would be redone on every chunk
+    of a few steps.
     """
-    state = tf.cond(first, lambda: loop.start(inputs), lambda: state)
     state = run_steps(loop, inputs, state, max_steps)
     budget_spent = loop.decode_state(state).step >= tf.reduce_max(inputs.max_new_tokens)
     return state, budget_spent | loop.done(inputs, state)

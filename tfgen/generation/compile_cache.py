@@ -230,6 +230,12 @@ def heal(error: BaseException) -> bool:
     return True
 
 
+def compiled_here() -> int | None:
+    """How many programs this process compiled itself (not loaded from the store) so far; None without the cache."""
+    filler = _filler
+    return None if filler is None else sum(path.name not in filler.linked for path in filler.private.glob("*.pb"))
+
+
 def _user_xla_flags() -> str:
     """`TF_XLA_FLAGS` without the flag `configure()` added, here or in a parent process."""
     flags = os.environ.get("TF_XLA_FLAGS", "")

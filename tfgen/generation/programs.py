@@ -146,22 +146,42 @@ def encode_ahead(model, request: Request, jit_compile: bool = True) -> Request:
 class ChunkedProgram:
     """The chunked form of a request's loop (streaming, `max_time`): `run(inputs, state, first)` ->
     `(state, finished)` runs up to `chunk_steps` steps (starting the loop when `first`), and
-    `result(inputs, state)` packs the outputs."""
+    `result(inputs, state)` packs the outputs.
+
+    Two programs: the loop's start (the prefill) and a chunk of steps. The start's traced outputs give the state's
+    specs that the chunk's signature needs, so the prefill is traced once (one program holding both, the start
+    under a `tf.cond`, needed the specs before its trace: a second trace of the prefill, 1.5 of the ~9 s a cached
+    SmolLM2 program took to start here).
+    """
 
     def __init__(self, model, request: Request, chunk_steps: int, jit_compile: bool):
         spec = request.spec
-        self.loop = make_loop(model, spec)
+        self.loop = loop = make_loop(model, spec)
         cache = program_cache(model)
+        autograph = bool(spec.user_processors)
+        inputs_spec = specs_of(request.inputs)
+        self.start, start_is_new = cached_program(model, ("start", spec), loop.start, [inputs_spec], jit_compile,
+                                                  autograph=autograph)
         if spec not in cache.state_specs:
-            cache.state_specs[spec] = state_specs(self.loop, request.inputs)
+            if jit_compile:  # the start program's own trace (its first call reuses it)
+                traced = self.start.function.get_concrete_function(inputs_spec).structured_outputs
+                cache.state_specs[spec] = specs_of(traced)
+            else:
+                cache.state_specs[spec] = state_specs(loop, request.inputs)
         self.state_specs = cache.state_specs[spec]
-        loop = self.loop
-        self.run, self.is_new = cached_program(
+        self.steps, steps_are_new = cached_program(
             model, ("chunk", spec, chunk_steps),
-            lambda inputs, state, first: generate_chunk(loop, inputs, state, first, chunk_steps),
-            [specs_of(request.inputs), self.state_specs, tf.TensorSpec([], tf.bool)],
-            jit_compile, autograph=bool(spec.user_processors),
+            lambda inputs, state: generate_chunk(loop, inputs, state, chunk_steps),
+            [inputs_spec, self.state_specs], jit_compile, autograph=autograph,
         )
+        self.is_new = start_is_new or steps_are_new
+
+    def run(self, inputs, state, first) -> tuple:
+        """`(state, finished)` after up to `chunk_steps` steps from `state`, or (`first`: a bool or bool scalar) from
+        the loop's start (`state` is then ignored)."""
+        if bool(first):
+            state = self.start(inputs)
+        return self.steps(inputs, state)
 
     def initial_state(self):
         """Zeros in the shape of the loop's state: what the first chunk (`first=True`) is given."""

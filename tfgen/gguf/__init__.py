@@ -8,7 +8,11 @@ the tokenizer from the vocabulary stored in the file. `AutoModelForCausalLM.from
 `Tokenizer.from_pretrained` take a `.gguf` path through these. Only `is_gguf_path` and `refuse_hub_options` are
 imported here, so that the checks cost nothing; the rest imports `gguf` and numpy on first use.
 
-May import `tfgen.models` (RoPE parameters), `tfgen.text` and the leaf utilities.
+`tfgen.gguf.load_cache` keeps what a load builds (tokenizer, config, float32 weights) on disk under the file's
+SHA-256, so that a later load of the same file parses nothing.
+
+May import `tfgen.models` (RoPE parameters), `tfgen.text`, `tfgen.generation.compile_cache` (the cache folder) and
+`tfgen.generation.cache_entries` (reading an entry safely), and the leaf utilities.
 """
 
 from tfgen.gguf.files import is_gguf_path, refuse_hub_options

@@ -22,6 +22,7 @@ import os
 import tokenizers
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
+from tfgen.gguf import load_cache
 from tfgen.gguf.config import context_length, token_ids
 from tfgen.gguf.files import GGUFFile, open_gguf
 from tfgen.text.tokenizer import Tokenizer
@@ -75,13 +76,24 @@ PRE_TOKENIZERS = {
 def load_gguf_tokenizer(path: str | os.PathLike, *, padding_side: str = "left") -> Tokenizer:
     """The `tfgen.Tokenizer` of a GGUF file: its vocabulary, special tokens and chat template. `OSError` naming the
     file when it cannot be read, `ValueError` naming it for an unsupported tokenizer model or pre-tokenizer or
-    inconsistent tokenizer metadata."""
-    file = open_gguf(path)
-    backend, special_tokens = build_backend(file)
-    chat_template = file.string("tokenizer.chat_template", None)
-    tokenizer = Tokenizer(backend, padding_side=padding_side, chat_template=chat_template, **special_tokens)
+    inconsistent tokenizer metadata. What it builds is kept in the GGUF load cache (`tfgen.gguf.load_cache`), so a
+    later load of the same file skips parsing it."""
+    digest = load_cache.file_digest(path) if load_cache.enabled() else None
+    cached = None if digest is None else load_cache.read_part(digest, "tokenizer")
+    if cached is not None:
+        data, payload = cached
+        backend = tokenizers.Tokenizer.from_str(payload.decode("utf-8"))
+    else:
+        file = open_gguf(path)
+        backend, special_tokens = build_backend(file)
+        data = {"special_tokens": special_tokens, "chat_template": file.string("tokenizer.chat_template", None),
+                "context_length": context_length(file)}
+        if digest is not None:
+            load_cache.write_part(digest, "tokenizer", data, backend.to_str().encode("utf-8"))
+    tokenizer = Tokenizer(backend, padding_side=padding_side, chat_template=data["chat_template"],
+                          **data["special_tokens"])
     tokenizer.chat_template_origin = f"{os.fspath(path)} GGUF metadata tokenizer.chat_template"
-    tokenizer.context_length = context_length(file)
+    tokenizer.context_length = data["context_length"]
     return tokenizer
 
 

@@ -5,6 +5,7 @@ T5."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -14,6 +15,26 @@ import keras
 import numpy as np
 import safetensors.numpy
 import tensorflow as tf
+
+# True while `weights_follow()` is active: a model built then gets its weights from a checkpoint.
+_LOADING = [False]
+
+
+@contextlib.contextmanager
+def weights_follow():
+    """While active, `HFWeights` allocates the weights it would draw at random without filling them: a model built
+    from a checkpoint has every one of them assigned next (`select_hf_tensors` refuses a checkpoint missing any), and
+    drawing SmolLM2's ~135M normal values took 1.2 s of its load (filling zeros, 0.5 s)."""
+    previous, _LOADING[0] = _LOADING[0], True
+    try:
+        yield
+    finally:
+        _LOADING[0] = previous
+
+
+def _unfilled(shape, dtype=None):
+    """An initializer allocating without filling (`weights_follow`: the checkpoint fills the weight next)."""
+    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype or "float32"), init=False)
 
 
 class HFPart(NamedTuple):
@@ -43,6 +64,8 @@ class HFWeights:
                                      autocast=False)
 
     def _normal(self, stddev: float):
+        if _LOADING[0]:
+            return _unfilled
         return keras.initializers.RandomNormal(stddev=self.stddev_scale * stddev)
 
     def norm(self, hf_name: str, dim: int):

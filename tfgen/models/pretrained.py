@@ -14,7 +14,7 @@ import keras
 
 from tfgen.config.generation_config import GenerationConfig
 from tfgen.local_files import file_present
-from tfgen.models.hf_weights import save_hf_checkpoint
+from tfgen.models.hf_weights import save_hf_checkpoint, weights_follow
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
 
 
@@ -58,7 +58,8 @@ def build_pretrained(model_class: type, config_dict, dtype, policy, config_path:
         config.check_fits_in_memory(policy)
     generation_config = default_generation_config(directory, generation_source(model_class, config_dict, config),
                                                   config_path)
-    model = model_class(config, dtype=dtype)
+    with weights_follow():  # every weight is assigned below: none is drawn at random first
+        model = model_class(config, dtype=dtype)
     model.load_hf_state_dict(read_weights())
     model.generation_config = generation_config
     return model
