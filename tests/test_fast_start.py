@@ -157,7 +157,7 @@ SUMMARY = re.compile(
 def test_verbose_ends_with_the_timings_line(gguf_path, fresh, capsys, flags):
     tokenizer = fresh[0]
     prompt_tokens = np.asarray(tokenizer("Hello world")["input_ids"]).size
-    assert main(["generate", "--model", str(gguf_path), "Hello world", "--max-new-tokens", "12", "--greedy",
+    assert main(["generate", "--model", str(gguf_path), "Hello world", "--max-new-tokens", "12", "--greedy", "--raw",
                  "--verbose", *flags]) == 0
     match = SUMMARY.search(capsys.readouterr().err)
     assert match, "no timings line"

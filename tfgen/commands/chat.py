@@ -18,6 +18,7 @@ turn is dropped). Ctrl-C at the prompt, or twice during an answer, ends the chat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -49,12 +50,15 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), help="sampling seed (every turn's)")
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="end an answer once its text ends with TEXT (repeatable)")
+    parser.add_argument("--verbose", action="store_true", help="after each answer, a line of timings on stderr: "
+                        "load (first answer), compile, prompt and generation (tokens/s)")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from tfgen.auto.models import load_generation_model
     from tfgen.auto.tokenizer import AutoTokenizer
+    from tfgen.commands.timings import Timings
     from tfgen.config.generation_config import SAMPLING_ONLY_NEUTRAL
     from tfgen.hub.pull import resolve_model_argument
     from tfgen.request.buckets import BucketPolicy
@@ -65,13 +69,16 @@ def run(args) -> int:
     for name, value in options.items():  # bad values are one line before the model loads
         check_option_flag("--" + name.replace("_", "-"), name, value)
     model_path = resolve_model_argument(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    timings = Timings()
+    with timings.loading():
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.chat_template is None:
         raise MissingChatTemplateError(
             f"tfgen chat needs a chat template, and the model {model_path!r} has none (no chat_template.jinja, no "
             "chat_template in tokenizer_config.json); `tfgen generate` continues plain text"
         )
-    model = load_generation_model(model_path)
+    with timings.loading():
+        model = load_generation_model(model_path)
     model.generation_buckets = BucketPolicy(length_step=CHAT_PROMPT_STEP)
     options.pop("max_new_tokens", None)  # per turn: answer_length
     if args.stop_strings:
@@ -79,15 +86,17 @@ def run(args) -> int:
     if args.do_sample is False:
         # --greedy overrides a sampling config, as in `tfgen generate`.
         options = {**SAMPLING_ONLY_NEUTRAL, **options}
-    session = ChatSession(model, tokenizer, Conversation(args.system), args, options)
+    session = ChatSession(model, tokenizer, Conversation(args.system), args, options,
+                          timings=timings if args.verbose else None)
     return session.run_lines()
 
 
 class ChatSession:
     """The loop of `tfgen chat`: reads a line, runs a command or answers a turn, until the input ends."""
 
-    def __init__(self, model, tokenizer, conversation, args, options: dict):
+    def __init__(self, model, tokenizer, conversation, args, options: dict, timings=None):
         self.model = model
+        self.timings = timings  # --verbose: a Timings whose line follows each answer (the load on the first only)
         self.tokenizer = tokenizer
         self.conversation = conversation
         self.args = args
@@ -166,10 +175,13 @@ class ChatSession:
             if budget is False:
                 return
             streamer = TextStreamer(self.tokenizer, skip_prompt=True, stream=transcript)
-            sequences = self.model.generate(
-                [ids], seed=self.args.seed, streamer=streamer, tokenizer=self.tokenizer,
-                **self.options, **({} if budget is None else {"max_new_tokens": budget}),
-            )
+            timed = self.timings.generating(self.model, len(ids)) if self.timings else contextlib.nullcontext()
+            with timed:
+                sequences = self.model.generate(
+                    [ids], seed=self.args.seed, tokenizer=self.tokenizer,
+                    streamer=self.timings.streamer(streamer) if self.timings else streamer,
+                    **self.options, **({} if budget is None else {"max_new_tokens": budget}),
+                )
         except KeyboardInterrupt:
             self._stopped(text, transcript.text)
             interrupt_handled()
@@ -205,7 +217,9 @@ class ChatSession:
         self.conversation.add_turn(text, self.tokenizer.decode(new_tokens, skip_special_tokens=True))
         report_answer(self.model, self.tokenizer, new_tokens, budget_was_default=self.args.max_new_tokens is None,
                       stop_strings=self.args.stop_strings, raw_on_chat_model=False)
-        # (The per-answer timings line, `--verbose`, belongs here: tfgen.commands.timings.)
+        if self.timings is not None:
+            self.timings.report()
+            self.timings.restart()  # the next answer's line: its own call, no load
 
     def _stopped(self, text: str, streamed: str) -> None:
         """After Ctrl-C during an answer: keeps what was streamed as the answer (nothing: the turn is dropped)."""

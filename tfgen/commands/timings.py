@@ -60,6 +60,10 @@ class Timings:
         else:
             self.compiled = None
 
+    def restart(self) -> None:
+        """Starts the next command-like span (a chat's next answer): the total counts from now, without a load."""
+        self.began, self.load_s, self.load_cached = time.perf_counter(), None, False
+
     def count_answer(self, new_ids, eos_token_ids) -> None:
         """Without a streamer: the new tokens are `new_ids` (int array) up to the first of `eos_token_ids`, included."""
         eos = set(eos_token_ids or ())
