@@ -16,6 +16,7 @@ import signal
 
 import numpy as np
 import pytest
+from conftest import left_padded_batch
 
 from tfgen import Tokenizer
 from tfgen.batch import JobInterrupted, batch_generate, row_seeds, run_batch_job
@@ -342,11 +343,14 @@ def test_smollm2_chat_job_equals_generate_and_resumes_byte_for_byte(smollm2, tmp
     assert (result.rows, result.skipped) == (20, 0)
     rows = read_rows(reference)
     (eos,) = model.generation_config.eos_token_ids()
-    for row, conversation in zip(rows, conversations):
-        tokens, reason = alone(model, rendered(tokenizer, conversation), eos=eos, do_sample=False,
-                               max_new_tokens=SMOLLM2_NEW)
-        assert (row["token_ids"], row["finish_reason"]) == (tokens, reason), row["id"]
-        assert row["text"] == tokenizer.decode(tokens, skip_special_tokens=True)
+    # generate() on the rendered chats, BATCH rows per call (left-padded; rows never see each other).
+    for first in range(0, len(rows), BATCH):
+        ids, mask = left_padded_batch([rendered(tokenizer, c) for c in conversations[first: first + BATCH]])
+        sequences = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=SMOLLM2_NEW).numpy()
+        for row, sequence in zip(rows[first: first + BATCH], sequences[:, ids.shape[1]:].tolist()):
+            tokens, reason = (sequence[: sequence.index(eos) + 1], "eos") if eos in sequence else (sequence, "length")
+            assert (row["token_ids"], row["finish_reason"]) == (tokens, reason), row["id"]
+            assert row["text"] == tokenizer.decode(tokens, skip_special_tokens=True)
     assert any(row["text"].strip() for row in rows)
     # Ctrl-C (SIGINT) in the second window's write (the default window of a 20-row job is 4 rows), then the same
     # job again: it keeps what was saved and finishes with the rows an uninterrupted run writes.
