@@ -283,7 +283,9 @@ def test_bad_rows_stop_before_generating(tiny_model, tokenizer, model_dir, tmp_p
     assert "line 1:" not in message and "line 7:" not in message and "line 8:" not in message
     assert os.listdir(tmp_path) == ["bad.jsonl"]  # nothing written, not even a manifest
     # The command line says the same in one clean message (exit status 2).
-    assert main(["batch", "--model", model_dir, "--input", prompts, "--output", output, "--strategy", "default"]) == 2
+    # (With the budget GREEDY sets: without one the job's budget is what the longest prompt leaves, so line 5 fits.)
+    assert main(["batch", "--model", model_dir, "--input", prompts, "--output", output, "--strategy", "default",
+                 "--max-new-tokens", str(MAX_NEW)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tfgen: error:") and "line 5: the prompt has 60 tokens" in err and "Traceback" not in err
     # In memory, the index names the prompt.
@@ -331,7 +333,7 @@ def test_tfrecord_input(tiny_model, tmp_path, caplog):
     result = run_batch_job(tiny_model, path, output, batch_size=BATCH, on_error="skip", progress=False, **GREEDY)
     assert (result.rows, result.skipped) == (3, 1)
     [(_, message)] = job_log(caplog)
-    assert "record 4: needs exactly one of 'prompt' (text) and 'input_ids' (token ids)" in message
+    assert "record 4: needs exactly one of 'prompt' (text), 'messages' (a chat) and 'input_ids' (token ids)" in message
     rows = [json.loads(line) for line in open(output)]
     expected = batch_generate(
         tiny_model, [{"id": row_id, "input_ids": p} for row_id, p in zip(["t0", 41, "t2"], PROMPT_IDS)],

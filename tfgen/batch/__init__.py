@@ -10,10 +10,12 @@ run was interrupted — and every row samples with its own key derived from the 
 run, or a run on 2 or 64 replicas, writes exactly the rows an uninterrupted single-device run writes.
 
 Modules, one concern each: `options` (defaults and option choices, TensorFlow-free), `inputs` (reading JSONL,
-TFRecord and in-memory prompts), `rows` (row checks, bad rows, the prompt table), `planning` (row seeds, windows,
-groups, steps), `runner` (groups on replicas through generate()'s compiled programs), `jobfiles` (the resumable
-output and its manifest), `rowdigests` (the digests that vouch for the output's rows), `joblock` (the lock that
-keeps a second run off an output), `distribute` (strategies by name), `job` (`batch_generate`, `run_batch_job`).
+TFRecord and in-memory prompts), `rows` (row checks, bad rows, the prompt table), `chatrows` (`messages` rows and
+their chat-template rendering), `rowoptions` (per-row options, honoured or refused by name), `planning` (row
+seeds, windows, groups, steps), `runner` (groups on replicas through generate()'s compiled programs), `jobfiles`
+(the resumable output and its manifest), `rowdigests` (the digests that vouch for the output's rows), `joblock` (the
+lock that keeps a second run off an output), `distribute` (strategies by name), `job` (`batch_generate`,
+`run_batch_job`).
 
 The names below load on first use, so importing a TensorFlow-free module (`tfgen.batch.options`, as
 `tfgen batch --help` does) does not import TensorFlow.
@@ -29,13 +31,13 @@ _EXPORTS = {
     "BadRow": "tfgen.batch.rows",
     "BatchJobResult": "tfgen.batch.job",
     "DEFAULT_BATCH_SIZE": "tfgen.batch.options",
-    "DEFAULT_MAX_NEW_TOKENS": "tfgen.batch.options",
     "DEFAULT_SEED": "tfgen.batch.options",
     "DISTRIBUTION_STRATEGIES": "tfgen.batch.options",
     "INPUT_FORMATS": "tfgen.batch.options",
     "JobInterrupted": "tfgen.batch.job",
     "ON_ERROR": "tfgen.batch.options",
     "WINDOW_GROUPS": "tfgen.batch.options",
+    "WINDOW_SPLITS": "tfgen.batch.options",
     "batch_generate": "tfgen.batch.job",
     "make_strategy": "tfgen.batch.distribute",
     "row_seeds": "tfgen.batch.planning",

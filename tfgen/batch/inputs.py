@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.batch.options import INPUT_FORMATS
-from tfgen.batch.rows import Unreadable
+from tfgen.batch.rows import ROW_KEYS, Unreadable
 
 # Records `tf.data` hands over at a time: fewer host round trips than one at a time.
 _READ_CHUNK = 1024
@@ -21,8 +21,10 @@ _READ_BLOCK = 1 << 20
 #: A JSONL line nested deeper than this (arrays and objects) is a bad row, found before parsing: Python's JSON
 #: parser recurses once per level and gives up with a RecursionError near 1000. A row needs 2 levels.
 MAX_JSON_DEPTH = 100
-# The keys a row is read for; others are dropped as soon as a line is parsed (they are ignored anyway).
-_ROW_KEYS = ("id", "prompt", "input_ids")
+# Lines longer than this are passed over by `first_messages_line` (the job's reader refuses them anyway).
+_SCAN_LINE_BYTES = 1 << 26
+# Features of a tf.train.Example row; a row's chat or options are read from JSONL rows only.
+_EXAMPLE_FEATURES = ("id", "prompt", "input_ids")
 
 
 def input_records(path: str, input_format: str, max_bytes: int) -> tuple[Iterator[tuple[int, Any]], str]:
@@ -46,12 +48,15 @@ def input_records(path: str, input_format: str, max_bytes: int) -> tuple[Iterato
 
 
 def prompt_records(prompts) -> Iterator[tuple[int, Any]]:
-    """In-memory prompts as records: strings and id lists get their index as id; dicts are taken as they are."""
+    """In-memory prompts as records: strings, id lists and conversations (lists of message dicts) get their index as
+    id; dicts are taken as they are."""
     if isinstance(prompts, (str, bytes, dict)) or not isinstance(prompts, Iterable):
         raise TypeError(f"prompts must be a sequence of strings, token-id lists or dicts, got {type(prompts).__name__}")
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             yield index, {"id": index, "prompt": prompt}
+        elif isinstance(prompt, list) and prompt and all(isinstance(message, dict) for message in prompt):
+            yield index, {"id": index, "messages": prompt}
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             yield index, {"id": index, "input_ids": np.asarray(prompt).tolist()}
         else:
@@ -76,7 +81,25 @@ def _jsonl_records(path: str, max_bytes: int) -> Iterator[tuple[int, Any]]:
         except ValueError as error:  # bad JSON and bad UTF-8 alike
             yield number, Unreadable(f"malformed JSON ({error})")
             continue
-        yield number, {key: record[key] for key in _ROW_KEYS if key in record} if isinstance(record, dict) else record
+        yield number, {key: record[key] for key in ROW_KEYS if key in record} if isinstance(record, dict) else record
+
+
+def first_messages_line(path: str, input_format: str) -> int | None:
+    """The number of the first JSONL line of `path` that is an object with `messages` (a chat row), or None (none;
+    or a TFRecord input, whose rows have no chats). A quick scan (a byte search; only lines that name `messages` are
+    parsed), so that a model without a chat template refuses a chat job before it loads."""
+    _, unit = input_records(path, input_format, _SCAN_LINE_BYTES)
+    if unit != "line":
+        return None
+    for number, line in _lines(path, _SCAN_LINE_BYTES):
+        if isinstance(line, bytes) and b'"messages"' in line and _nesting_depth(line) <= MAX_JSON_DEPTH:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a bad row, reported as such when the job reads its input
+            if isinstance(record, dict) and "messages" in record:
+                return number
+    return None
 
 
 def _lines(path: str, max_bytes: int) -> Iterator[tuple[int, bytes | int]]:
@@ -123,8 +146,11 @@ def _example_record(raw: bytes):
         features = tf.train.Example.FromString(raw).features.feature
     except Exception as error:  # noqa: BLE001 (protobuf's DecodeError has no stable import path)
         return Unreadable(f"not a tf.train.Example ({error})")
+    for name in ROW_KEYS:
+        if name in features and name not in _EXAMPLE_FEATURES:
+            return Unreadable(f"feature {name!r}: chats and per-row options are read from JSONL rows only")
     record = {}
-    for name in ("id", "prompt", "input_ids"):
+    for name in _EXAMPLE_FEATURES:
         if name not in features:
             continue
         kind = features[name].WhichOneof("kind")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfgen.batch.options import WINDOW_GROUPS, WINDOW_SPLITS
 from tfgen.batch.rows import id_key
 from tfgen.decoding.random import derive_seeds
 
@@ -46,6 +47,15 @@ def row_seeds(seed, row_ids: Sequence) -> np.ndarray:
     for half in (hashes >> np.uint64(32), hashes & np.uint64(0xFFFFFFFF)):
         keys = derive_seeds(keys, half.astype(np.int64)).numpy()
     return keys
+
+
+def default_window(rows: int, batch_size: int) -> int:
+    """The window of a job of `rows` valid rows when the caller sets none: `rows / WINDOW_SPLITS` rounded up to whole
+    groups of `batch_size`, between one group and `WINDOW_GROUPS` groups. So a small job is cut into about
+    `WINDOW_SPLITS` windows (an interrupted 20-row job has saved what it finished) and a large one sorts
+    `WINDOW_GROUPS` groups together; like the window itself it depends on the input and `batch_size` only."""
+    groups = -(-rows // WINDOW_SPLITS // batch_size) if rows else 1
+    return batch_size * min(WINDOW_GROUPS, max(1, groups))
 
 
 def windows(total: int, window: int, first_row: int = 0) -> Iterator[tuple[int, int]]:

@@ -1,8 +1,8 @@
 """Input rows: the checks every row must pass, and the compact table of the valid ones (numpy only).
 
 Records come from `tfgen.batch.inputs` as `(number, record)` pairs, a record being a dict `{"id", "prompt" |
-"input_ids"}` or an `Unreadable`; `build_table` validates and tokenizes them in one pass and reports every bad
-row, not just the first.
+"messages" | "input_ids", per-row options}` or an `Unreadable`; `build_table` validates, renders (chat rows:
+`tfgen.batch.chatrows`) and tokenizes them in one pass and reports every bad row, not just the first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tfgen.batch.chatrows import conversation_text, messages_problem, user_message
+from tfgen.batch.rowoptions import HONOURED, REFUSED, check_row_options, option_arrays, refused_key
 from tfgen.value_types import is_integer
+
+#: The keys a row is read for (others are dropped as soon as a line is parsed): its id, its prompt, and the
+#: per-row options, honoured or refused by name (`tfgen.batch.rowoptions`).
+ROW_KEYS = ("id", "prompt", "messages", "input_ids", *HONOURED, *REFUSED)
+_PROMPT_KEYS = ("prompt", "messages", "input_ids")
 
 # Rows tokenized per tokenizer call: large enough for the tokenizer's batch speed, small enough to keep the
 # texts of one chunk (not the whole input) in memory.
@@ -67,14 +74,20 @@ class Unreadable(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class RowRules:
-    """What a valid row needs: token ids inside the vocabulary and short enough for the model."""
+    """What a valid row needs: token ids inside the vocabulary and short enough for the model (`max_new_tokens`:
+    the job's, or None while the job derives it from its prompts: then a row needs room for one), and how text
+    becomes ids: `chat_prompts` renders `prompt` rows as a user message in the chat template, `template_kwargs` go
+    to the template; `sampling`: whether the job samples (per-row sampling options need it)."""
 
     vocab_size: int
     max_prompt_tokens: int | None
-    max_new_tokens: int
+    max_new_tokens: int | None
     bos_token_id: int | None
     tokenizer: Any
     unit: str
+    chat_prompts: bool = False
+    template_kwargs: dict = dataclasses.field(default_factory=dict)
+    sampling: bool = False
 
 
 @dataclasses.dataclass
@@ -82,12 +95,16 @@ class PromptTable:
     """The valid rows of an input, in input order.
 
     ids: each row's id as given (str or int). tokens: int32 `[total]`, every prompt's token ids back to back.
-    offsets: int64 `[n + 1]`; row `i` is `tokens[offsets[i]:offsets[i + 1]]`.
+    offsets: int64 `[n + 1]`; row `i` is `tokens[offsets[i]:offsets[i + 1]]`. numbers: int64 `[n]`, each row's
+    position in the input (line, record or index). options: the rows' own options as arrays
+    (`tfgen.batch.rowoptions.option_arrays`; empty when no row gives one).
     """
 
     ids: list
     tokens: np.ndarray
     offsets: np.ndarray
+    numbers: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros([0], np.int64))
+    options: dict = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -107,7 +124,22 @@ class PromptTable:
         digest.update("\n".join(id_key(row_id) for row_id in self.ids).encode())
         digest.update(self.offsets.astype("<i8").tobytes())
         digest.update(self.tokens.astype("<i4").tobytes())
+        for name, values in sorted(self.options.items()):  # none without per-row options: fingerprints stay as before
+            digest.update(name.encode() + np.ascontiguousarray(values).tobytes())
         return digest.hexdigest()
+
+    def without(self, rows) -> PromptTable:
+        """The table less the rows at indices `rows`."""
+        keep = np.ones([len(self)], bool)
+        keep[list(rows)] = False
+        lengths = self.lengths[keep]
+        return PromptTable(
+            ids=[row_id for row_id, kept in zip(self.ids, keep) if kept],
+            tokens=self.tokens[np.repeat(keep, self.lengths)],
+            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            numbers=self.numbers[keep],
+            options={name: values[keep] for name, values in self.options.items()},
+        )
 
 
 def _check_record(record, rules: RowRules) -> tuple[str | None, Any]:
@@ -123,8 +155,10 @@ def _check_record(record, rules: RowRules) -> tuple[str | None, Any]:
         return f"'id' must be a string or an integer, got {row_id!r}", None
     if isinstance(row_id, str) and (problem := _not_text(row_id, "'id'")):
         return problem, None  # the id could not be written to the output (nor to the skipped-rows file)
-    if ("prompt" in record) == ("input_ids" in record):
-        return "needs exactly one of 'prompt' (text) and 'input_ids' (token ids)", row_id
+    if sum(key in record for key in _PROMPT_KEYS) != 1:
+        return "needs exactly one of 'prompt' (text), 'messages' (a chat) and 'input_ids' (token ids)", row_id
+    if problem := refused_key(record):
+        return problem, row_id
     if "prompt" in record:
         if not isinstance(record["prompt"], str):
             return f"'prompt' must be a string, got {type(record['prompt']).__name__}", row_id
@@ -132,10 +166,18 @@ def _check_record(record, rules: RowRules) -> tuple[str | None, Any]:
             return problem, row_id
         if rules.tokenizer is None:
             return "has a text 'prompt' but no tokenizer was given (pass one, or give 'input_ids')", row_id
-        return None, row_id
-    ids = record["input_ids"]
-    if not isinstance(ids, list) or any(not is_integer(t) for t in ids):
-        return "'input_ids' must be a list of integers", row_id
+    elif "messages" in record:
+        if problem := messages_problem(record["messages"]):
+            return problem, row_id
+        if rules.tokenizer is None:
+            return "has 'messages' but no tokenizer was given (pass the model's, which has the chat template)", row_id
+        if getattr(rules.tokenizer, "chat_template", None) is None:
+            return ("has 'messages', which need a chat template, and the model's tokenizer has none; give 'prompt' "
+                    "rows to continue plain text"), row_id
+    else:
+        ids = record["input_ids"]
+        if not isinstance(ids, list) or any(not is_integer(t) for t in ids):
+            return "'input_ids' must be a list of integers", row_id
     return None, row_id
 
 
@@ -152,20 +194,34 @@ def _not_text(value: str, name: str) -> str | None:
     return None
 
 
-def _encode(texts: list[str], tokenizer) -> list:
+def _encode(texts: list[str], tokenizer, add_special_tokens: bool = True) -> list:
     """Token ids per text, or the exception that text raised: the whole chunk in one tokenizer call, and text by
-    text only when that call fails, so one text the tokenizer refuses is one bad row, not an aborted job."""
+    text only when that call fails, so one text the tokenizer refuses is one bad row, not an aborted job. Rendered
+    chats are encoded without `add_special_tokens` (their template writes its own, as in `apply_chat_template`)."""
+    options = dict(padding=False, return_tensors=None, add_special_tokens=add_special_tokens)
     try:
-        return tokenizer(texts, padding=False, return_tensors=None)["input_ids"]
+        return tokenizer(texts, **options)["input_ids"]
     except Exception:  # noqa: BLE001 (retried text by text below: each failure becomes that row's reason)
         pass
     encoded = []
     for text in texts:
         try:
-            encoded.append(tokenizer([text], padding=False, return_tensors=None)["input_ids"][0])
+            encoded.append(tokenizer([text], **options)["input_ids"][0])
         except Exception as error:  # noqa: BLE001 (whatever the tokenizer raises, it is about this text)
             encoded.append(error)
     return encoded
+
+
+def _texts(record: dict, rules: RowRules) -> tuple[str, bool] | Exception | None:
+    """(the text to tokenize, whether it is a rendered chat) of a text row, the template's error, or None for a
+    row of token ids."""
+    if "messages" in record or ("prompt" in record and rules.chat_prompts):
+        messages = record["messages"] if "messages" in record else user_message(record["prompt"])
+        try:
+            return conversation_text(rules.tokenizer, messages, rules.template_kwargs), True
+        except (TypeError, ValueError) as error:
+            return error
+    return (record["prompt"], False) if "prompt" in record else None
 
 
 def _check_tokens(tokens: list, rules: RowRules) -> tuple[str | None, list]:
@@ -178,16 +234,23 @@ def _check_tokens(tokens: list, rules: RowRules) -> tuple[str | None, list]:
             return "the prompt is empty and the model has no bos_token_id to start from", tokens
         tokens = [rules.bos_token_id]
     if rules.max_prompt_tokens is not None and len(tokens) > rules.max_prompt_tokens:
+        budget = rules.max_new_tokens or 1  # None: the job's budget is still to be derived; a row needs room for one
         return (
-            f"the prompt has {len(tokens)} tokens; with max_new_tokens={rules.max_new_tokens} the model's "
-            f"{rules.max_prompt_tokens + rules.max_new_tokens} positions leave room for {rules.max_prompt_tokens}"
+            f"the prompt has {len(tokens)} tokens; with max_new_tokens={budget} the model's "
+            f"{rules.max_prompt_tokens + budget} positions leave room for {rules.max_prompt_tokens}"
         ), tokens
     return None, tokens
 
 
 def _prompt_size(record) -> int:
-    """Characters of a record's text prompt, or the length of its token-id list (0 for anything else)."""
-    prompt = record.get("prompt", record.get("input_ids")) if isinstance(record, dict) else None
+    """Characters of a record's text prompt (or its messages' contents), or the length of its token-id list (0 for
+    anything else)."""
+    if not isinstance(record, dict):
+        return 0
+    if isinstance(record.get("messages"), list):
+        contents = (m.get("content") if isinstance(m, dict) else None for m in record["messages"])
+        return sum(len(content) for content in contents if isinstance(content, str))
+    prompt = record.get("prompt", record.get("input_ids"))
     return len(prompt) if isinstance(prompt, (str, list)) else 0
 
 
@@ -206,18 +269,22 @@ def _chunks(records: Iterable[tuple[int, Any]]) -> Iterator[list]:
 
 
 def build_table(records: Iterable[tuple[int, Any]], rules: RowRules) -> tuple[PromptTable, list[BadRow]]:
-    """Validates and tokenizes `(number, record)` pairs (records are dicts or `Unreadable`) in input order.
+    """Validates, renders (chat rows) and tokenizes `(number, record)` pairs (records are dicts or `Unreadable`) in
+    input order.
 
     Every problem is collected (none stops the scan), so one pass reports all bad rows, sorted by number. Ids
     must be unique across the whole input; a repeated id is bad even when its first row was bad for another
     reason.
     """
-    ids, prompts, bad = [], [], []
+    ids, prompts, numbers, bad = [], [], [], []
+    options: dict[int, dict] = {}
     first_seen: dict[str, int] = {}
     for chunk in _chunks(records):
         accepted = []
         for number, record in chunk:
             problem, row_id = _check_record(record, rules)
+            if problem is None:
+                problem, row_options = check_row_options(record, rules.sampling, rules.max_new_tokens)
             if row_id is not None and problem is None:
                 key = id_key(row_id)
                 if key in first_seen:
@@ -225,20 +292,29 @@ def build_table(records: Iterable[tuple[int, Any]], rules: RowRules) -> tuple[Pr
                 else:
                     first_seen[key] = number
             if problem is None:
-                accepted.append((number, row_id, record))
+                accepted.append((number, row_id, record, row_options, _texts(record, rules)))
             else:
                 bad.append(BadRow(number, row_id, problem, rules.unit))
-        texts = [record["prompt"] for _, _, record in accepted if "prompt" in record]
-        encoded = iter(_encode(texts, rules.tokenizer) if texts else ())
-        for number, row_id, record in accepted:
-            tokens = next(encoded) if "prompt" in record else record["input_ids"]
-            if isinstance(tokens, Exception):
-                problem = f"the tokenizer failed on 'prompt': {type(tokens).__name__}: {tokens}"
+        encoded = {}
+        for rendered in (False, True):
+            texts = [text[0] for *_, text in accepted if isinstance(text, tuple) and text[1] == rendered]
+            encoded[rendered] = iter(_encode(texts, rules.tokenizer, not rendered) if texts else ())
+        for number, row_id, record, row_options, text in accepted:
+            if isinstance(text, Exception):
+                problem = f"the chat template failed: {text}"
             else:
-                problem, tokens = _check_tokens(tokens, rules)
+                tokens = record["input_ids"] if text is None else next(encoded[text[1]])
+                if isinstance(tokens, Exception):
+                    what = "the rendered chat" if text[1] else "'prompt'"
+                    problem = f"the tokenizer failed on {what}: {type(tokens).__name__}: {tokens}"
+                else:
+                    problem, tokens = _check_tokens(tokens, rules)
             if problem is None:
+                if row_options:
+                    options[len(ids)] = row_options
                 ids.append(row_id)
                 prompts.append(np.asarray(tokens, np.int32))
+                numbers.append(number)
             else:
                 bad.append(BadRow(number, row_id, problem, rules.unit))
     bad.sort(key=lambda row: row.number)
@@ -247,6 +323,8 @@ def build_table(records: Iterable[tuple[int, Any]], rules: RowRules) -> tuple[Pr
         ids=ids,
         tokens=np.concatenate(prompts) if prompts else np.zeros([0], np.int32),
         offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        numbers=np.array(numbers, np.int64),
+        options=option_arrays(options, len(ids)),
     )
     return table, bad
 

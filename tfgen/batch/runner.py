@@ -14,9 +14,12 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from tfgen.batch.options import DEFAULT_MAX_NEW_TOKENS, WINDOW_GROUPS
-from tfgen.batch.planning import Group, check_job_seed, plan_window, row_seeds, steps, windows
-from tfgen.batch.rows import PromptTable, RowRules, record_byte_limit
+from tfgen.batch.chatrows import check_template_kwargs
+from tfgen.batch.planning import Group, check_job_seed, default_window, plan_window, row_seeds, steps, windows
+from tfgen.batch.rowoptions import over_budget
+from tfgen.batch.rows import BadRow, PromptTable, RowRules, record_byte_limit
+from tfgen.config.budget import answer_budget
+from tfgen.decoding.random import derive_seeds
 from tfgen.generation import compile_cache
 from tfgen.generation.programs import announce_compile, generate_program
 from tfgen.request.buckets import DEFAULT_BUCKETS
@@ -43,7 +46,8 @@ _JOB_CONTROLLED_OPTIONS = {
 
 def _resolve_job_call(model, generation_config, generate_kwargs, tokenizer) -> ResolvedCall:
     """The job's call, resolved once for every group: `generation_config` (or the model's) updated with
-    `generate_kwargs`, with `max_new_tokens` set; raises for options a batch job cannot honour per row."""
+    `generate_kwargs` (`max_new_tokens` still None when neither sets it: `BatchRunner.fit` derives it); raises for
+    options a batch job cannot honour per row."""
     for name, why in _JOB_CONTROLLED_OPTIONS.items():
         if name in generate_kwargs:
             raise ValueError(f"{name}: not a batch option ({why}).")
@@ -62,10 +66,19 @@ def _resolve_job_call(model, generation_config, generate_kwargs, tokenizer) -> R
     for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
         if getattr(config, flag):
             raise ValueError(f"{flag}: a batch job writes ids and text only.")
-    if config.max_new_tokens is None:
-        # The call's own copy of the config; its processors do not depend on the budget.
-        config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     return call
+
+
+def _derived_budget(config, longest: int, max_positions: int | None) -> int:
+    """The job's `max_new_tokens` when neither the call nor the config sets one: the commands' answer budget
+    (`tfgen.config.budget.answer_budget`) for the job's longest prompt (`longest` tokens). A config that sets only
+    `max_length` (which counts the prompt) gives what it leaves after the longest prompt."""
+    budget = answer_budget(config, longest, max_positions)
+    if budget is None:
+        budget = max(1, int(config.max_length) - longest)
+        if max_positions is not None:
+            budget = max(1, min(budget, int(max_positions) - longest))
+    return budget
 
 
 def _backing_variable(variable):
@@ -131,11 +144,11 @@ class BatchRunner:
     bar steps out of the way of the compile notice); default: nothing.
     """
 
-    def __init__(self, model, strategy, generation_config, tokenizer, batch_size, window, seed, generate_kwargs):
+    def __init__(self, model, strategy, generation_config, tokenizer, batch_size, window, seed, generate_kwargs, *,
+                 raw: bool = False, chat_template_kwargs: dict | None = None):
         if not is_integer(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        window = WINDOW_GROUPS * batch_size if window is None else window
-        if not is_integer(window) or window < 1:
+        if window is not None and (not is_integer(window) or window < 1):
             raise ValueError(f"window must be a positive integer (rows), got {window!r}")
         self.strategy = strategy or tf.distribute.get_strategy()
         if not all(self.strategy.extended.variable_created_in_scope(_backing_variable(v)) for v in model.variables):
@@ -146,11 +159,20 @@ class BatchRunner:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.window = window
+        self.window = window  # None: `fit` derives it from the rows (`default_window`)
         self.job_seed = check_job_seed(seed)
+        self.template_kwargs = check_template_kwargs(chat_template_kwargs, tokenizer)
+        # Prompt rows on a model with a chat template become a user message in it, as `tfgen generate` does.
+        self.chat_prompts = not raw and getattr(tokenizer, "chat_template", None) is not None
         self.call = _resolve_job_call(model, generation_config, generate_kwargs, tokenizer)
         self.config = self.call.config
-        self.max_new_tokens = int(self.config.max_new_tokens)
+        self.derive_budget = self.config.max_new_tokens is None
+        # The config as resolved, which preparing a request changes (it sets `max_length`): `fit` derives from it.
+        self._unprepared_config = self.config.copy()
+        # The call's own copy of the config (its processors do not depend on the budget); until `fit` derives the
+        # job's budget, a row needs room for one new token.
+        self.max_new_tokens = 1 if self.derive_budget else int(self.config.max_new_tokens)
+        self.config.max_new_tokens = self.max_new_tokens
         self.eos_ids = self.config.eos_token_ids()
         self.pad_id = pad_token_id_of(self.config, int(model.config.vocab_size))
         self.buckets = getattr(model, "generation_buckets", DEFAULT_BUCKETS)
@@ -166,18 +188,45 @@ class BatchRunner:
         return RowRules(
             vocab_size=int(self.model.config.vocab_size),
             max_prompt_tokens=None if max_positions is None else int(max_positions) - self.max_new_tokens,
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=None if self.derive_budget else self.max_new_tokens,
             bos_token_id=self.config.bos_token_id,
             tokenizer=self.tokenizer,
             unit=unit,
+            chat_prompts=self.chat_prompts,
+            template_kwargs=self.template_kwargs,
+            sampling=bool(self.config.do_sample),
         )
+
+    def fit(self, table: PromptTable, unit: str) -> tuple[PromptTable, list[BadRow]]:
+        """Settles what depends on the valid rows of `table`, before `settings` and `windows`: the window
+        (`default_window`, unless given) and, when neither the call nor the config sets it, the job's
+        `max_new_tokens` (`_derived_budget` of the longest prompt). Returns the table less the rows whose own
+        `max_new_tokens` exceeds the job's, and those rows as bad rows (`unit` as in `rules`)."""
+        if self.window is None:
+            self.window = default_window(len(table), self.batch_size)
+        if self.derive_budget:
+            longest = int(table.lengths.max(initial=1))
+            max_positions = getattr(self.model.config, "max_position_embeddings", None)
+            self.max_new_tokens = _derived_budget(self._unprepared_config, longest, max_positions)
+            self.config.max_new_tokens = self.max_new_tokens
+            self.derive_budget = False
+        own = table.options.get("max_new_tokens")
+        over = [] if own is None else np.flatnonzero(own > self.max_new_tokens).tolist()
+        bad = [
+            BadRow(int(table.numbers[row]), table.ids[row],
+                   f"'max_new_tokens' {over_budget(int(own[row]), self.max_new_tokens)}", unit)
+            for row in over
+        ]
+        return (table.without(over) if over else table), bad
 
     def max_record_bytes(self) -> int:
         """The most bytes an input line or record of this job may hold (`tfgen.batch.rows.record_byte_limit`)."""
         return record_byte_limit(getattr(self.model.config, "max_position_embeddings", None))
 
     def settings(self) -> dict:
-        """Everything besides the input that decides the output (a resumed job must match it exactly)."""
+        """Everything besides the input that decides the output (a resumed job must match it exactly); after `fit`."""
+        if self.window is None or self.derive_budget:
+            raise RuntimeError("BatchRunner.settings: call fit(table) first (it settles the window and the budget)")
         return {
             "model": _model_digest(self.model),
             "tokenizer": _tokenizer_digest(self.tokenizer),
@@ -203,7 +252,8 @@ class BatchRunner:
     def _records(self, table: PromptTable, start: int, generated: list) -> list[dict]:
         """Output records of rows `start, start + 1, ...` from `(new tokens int32 [max_new_tokens], generated
         length)` each."""
-        finished = [self._trim(tokens, length) for tokens, length in generated]
+        budgets = self._budgets(table, np.arange(start, start + len(generated)))
+        finished = [self._trim(tokens, length, budget) for (tokens, length), budget in zip(generated, budgets)]
         token_lists = [tokens for tokens, _ in finished]
         texts = (
             self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
@@ -215,13 +265,43 @@ class BatchRunner:
             for offset, (text, (tokens, reason)) in enumerate(zip(texts, finished))
         ]
 
-    def _trim(self, tokens: np.ndarray, length: int) -> tuple[list, str]:
+    def _trim(self, tokens: np.ndarray, length: int, budget: int) -> tuple[list, str]:
         """The row's generated ids (the first `length`, its last token included) and why it stopped: "eos",
-        "length" (its budget) or "stop" (a stop string)."""
+        "length" (its `budget`) or "stop" (a stop string)."""
         tokens = tokens[:length]
         if length and int(tokens[-1]) in self.eos_ids:
             return tokens.tolist(), "eos"
-        return tokens.tolist(), "length" if length == self.max_new_tokens else "stop"
+        return tokens.tolist(), "length" if length == budget else "stop"
+
+    def _budgets(self, table: PromptTable, rows) -> np.ndarray:
+        """int32 `[len(rows)]`: each row's `max_new_tokens`, its own or the job's."""
+        own = table.options.get("max_new_tokens")
+        if own is None:
+            return np.full([len(rows)], self.max_new_tokens, np.int32)
+        return np.where(own[rows] > 0, own[rows], self.max_new_tokens).astype(np.int32)
+
+    def _row_keys(self, table: PromptTable, rows) -> np.ndarray:
+        """int32 `[len(rows), 2]` sampling keys: from the job seed and each id (`row_seeds`), or from the row's own
+        `seed` as `generate(prompt, seed=seed)` keys a prompt alone."""
+        keys = row_seeds(self.job_seed, [table.ids[row] for row in rows])
+        has_seed = table.options.get("has_seed")
+        if has_seed is not None and has_seed[rows].any():
+            own = has_seed[rows]
+            keys[own] = derive_seeds(table.options["seed"][rows][own], np.zeros([int(own.sum())], np.int64)).numpy()
+        return keys
+
+    def _with_row_knobs(self, request: Request, table: PromptTable, rows) -> Request:
+        """`request` with the rows' own `temperature` / `top_p` (per-row knobs of a sampling program)."""
+        knobs = dict(request.inputs.knobs)
+        for name in ("temperature", "top_p"):
+            values = table.options.get(name)
+            given = None if values is None else ~np.isnan(values[rows])
+            if given is None or not given.any():
+                continue
+            column = knobs[name].numpy().copy()  # the rows checks let only sampling jobs give them: a knob there
+            column[: len(rows)][given] = values[rows][given]
+            knobs[name] = tf.constant(column)
+        return dataclasses.replace(request, inputs=request.inputs._replace(knobs=knobs))
 
     def _request(self, table: PromptTable | None, group: Group | None, width: int) -> Request:
         """The generate request of one group at `width` columns (`None`: a filler group whose rows generate
@@ -237,10 +317,14 @@ class BatchRunner:
         seeds = None
         if self.config.do_sample:
             seeds = np.zeros((self.batch_size, 2), np.int32)
-            seeds[: len(rows)] = row_seeds(self.job_seed, [table.ids[row] for row in rows])
+            if len(rows):
+                seeds[: len(rows)] = self._row_keys(table, rows)
         request = prepare_request(self.model, ids, call=self.call, seed=seeds, attention_mask=mask)
         budgets = np.zeros([self.batch_size], np.int32)
-        budgets[: len(rows)] = self.max_new_tokens
+        if len(rows):
+            budgets[: len(rows)] = self._budgets(table, rows)
+            if table.options:
+                request = self._with_row_knobs(request, table, rows)
         return request.with_budgets(budgets)
 
     def _run_step(self, table: PromptTable, step: list[Group | None]) -> list[list]:
