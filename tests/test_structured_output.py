@@ -154,7 +154,8 @@ def test_a_budget_too_short_truncates_warns_and_flags_the_rows(shipped):
 
 @pytest.mark.parametrize("options, error, message", [
     (dict(regex=ID_REGEX, tokenizer=None), ValueError, "regex: constraining the output needs the model's tokenizer"),
-    (dict(regex="(unclosed"), ValueError, "regex: '\\(unclosed' cannot constrain"),
+    (dict(regex="(unclosed"), ValueError,
+     "regex: '\\(unclosed' is not a regular expression outlines-core can compile: missing \\)"),
     (dict(regex="", ), TypeError, "`regex` must be a non-empty string"),
     (dict(json_schema={"type": "teapot"}), ValueError, "json_schema: unsupported or invalid schema: Unsupported type"),
     (dict(json_schema="{not json"), ValueError, "json_schema: not valid JSON"),

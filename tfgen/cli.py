@@ -6,8 +6,10 @@ Parsing imports no TensorFlow (the command modules import it in their handlers),
 it, TensorFlow's Python warnings (retracing) are hidden at level 2 and above, and tfgen's own messages (the
 compile notice) show as `tfgen: <message>` on stderr (`--quiet`: warnings only). Bad input is one line on stderr and
 status 2 (arguments that are not UTF-8 included; 1 for an error that carries `exit_status = 1`, such as a model
-that cannot be pulled); Ctrl-C is `tfgen: interrupted` and status 130 (`tfgen.commands.interrupts`). With stderr
-closed (`2>&-`) a command still runs, prints its result and exits with its status; its messages are lost.
+that cannot be pulled), and the flags that need no TensorFlow (`--model`, `--regex`, `--json-schema`: a command's
+`precheck`) are checked before TensorFlow is imported; Ctrl-C is `tfgen: interrupted` and status 130
+(`tfgen.commands.interrupts`). With stderr closed (`2>&-`) a command still runs, prints its result and exits with
+its status; its messages are lost.
 """
 
 from __future__ import annotations
@@ -70,13 +72,25 @@ def _raw_bytes(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The `tfgen` parser with every subcommand of `SUBCOMMAND_MODULES`."""
     parser = TextArgumentParser(prog="tfgen", description="XLA-compiled generation for TF/Keras language models")
-    parser.add_argument(
-        "-q", "--quiet", action="store_true", help="show tfgen's warnings and errors only (no compile notice)"
-    )
+    _add_global_arguments(parser, default=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMAND_MODULES:
         importlib.import_module(module_name).add_parser(subparsers)
+    for subparser in subparsers.choices.values():
+        # `tfgen generate ... -q` as well as `tfgen -q generate ...`. Not given after the subcommand, the flag keeps
+        # what the main parser read (SUPPRESS: no default written over it). A subcommand that hands its arguments
+        # on untouched (`bench`, whose flags start with "-" only for its harness) gets none.
+        if "-" in subparser.prefix_chars:
+            _add_global_arguments(subparser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_global_arguments(parser: argparse.ArgumentParser, default) -> None:
+    """The flags every command takes, before or after its name."""
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", default=default,
+        help="show tfgen's warnings and errors only (no compile notice)",
+    )
 
 
 def main(argv=None) -> int:
@@ -114,15 +128,19 @@ def _usable_stderr() -> None:
 def _run(argv, interrupts) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except ValueError as error:  # argparse itself exits with status 2 and its usage; this is the UTF-8 check
+    # argparse itself exits with status 2 and its usage; a ValueError is the UTF-8 check's (or --seed's).
+    except ValueError as error:
         print(f"tfgen: error: {error}", file=sys.stderr)
         return 2
     # A command may say that this run needs no TensorFlow (`tfgen bench --help` is the harness's own help).
     needs_tensorflow = getattr(args, "needs_tensorflow", lambda args: True)(args)
-    quiet_tensorflow = _quiet_tensorflow() if needs_tensorflow else contextlib.nullcontext()
-    with _library_messages_on_stderr(logging.WARNING if args.quiet else logging.INFO), quiet_tensorflow:
+    # And check its flags before TensorFlow is imported (`tfgen.commands.check_before_tensorflow`).
+    precheck = getattr(args, "precheck", lambda args: None)
+    with _library_messages_on_stderr(logging.WARNING if args.quiet else logging.INFO):
         try:
-            return args.handler(args)
+            precheck(args)
+            with _quiet_tensorflow() if needs_tensorflow else contextlib.nullcontext():
+                return args.handler(args)
         except (ValueError, TypeError, OSError, SystemError) as error:
             if interrupts.received:
                 # TensorFlow turns a KeyboardInterrupt raised inside some of its conversions into a ValueError, and

@@ -6,12 +6,16 @@ A path is checked before it is opened: a link is followed and its target must be
 once, naming the file. The opened descriptor is checked again (the path may have been swapped in between) and at most
 `cap + 1` bytes are ever read. Every refusal is an `OSError` naming the file (and what it is, when the caller says),
 as every other unreadable model file is. A leaf utility: it imports no tfgen module.
+
+It also tells a local path from a Hugging Face Hub id (`check_local_path`), so that a model path that does not exist
+is reported as one rather than looked up on the Hub.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from typing import Any
 
@@ -24,6 +28,10 @@ JSON_FILE_CAP = 32 * MIB
 TOKENIZER_JSON_CAP = 256 * MIB
 # Read in pieces, so that a file growing while it is read costs at most one piece past the cap.
 _CHUNK = 4 * MIB
+# A Hugging Face Hub id as huggingface_hub's validate_repo_id takes it: `name` or `owner/name`, each made of letters,
+# digits, "-", "_" and "." (the name at most 96 characters), no "--" or "..", not starting or ending with "-" or ".".
+_HUB_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]{1,96}$", re.ASCII)
+_PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
 
 
 def _subject(path: str | os.PathLike, what: str | None) -> str:
@@ -113,3 +121,31 @@ def read_json_file(path: str | os.PathLike, what: str | None = None, cap: int = 
         raise OSError(f"{_subject(path, what)} is not JSON text: {error}") from None
     except RecursionError:
         raise OSError(f"{_subject(path, what)} nests its JSON too deeply") from None
+
+
+def is_hub_id(value: str) -> bool:
+    """Whether `value` is a well-formed Hugging Face Hub id (`name` or `owner/name`); it need not exist."""
+    return (bool(_HUB_ID.match(value)) and "--" not in value and ".." not in value
+            and not any(part.startswith(("-", ".")) or part.endswith(("-", ".")) for part in value.split("/")))
+
+
+def looks_like_local_path(value: str) -> bool:
+    """Whether `value` can only name a local file or directory: it starts with `./`, `../`, `/` or `~`, ends with
+    `.gguf`, or holds a path separator and is no Hub id (`a/b/c`, a Windows path)."""
+    separators = [separator for separator in (os.sep, os.altsep, "/") if separator]
+    return (value.startswith(_PATH_PREFIXES) or value.lower().endswith(".gguf")
+            or (any(separator in value for separator in separators) and not is_hub_id(value)))
+
+
+def check_local_path(value: str | os.PathLike) -> None:
+    """FileNotFoundError (an OSError) "no such file or directory: VALUE" when `value` looks like a local path
+    (`looks_like_local_path`) and nothing is there, before anyone takes it for a Hub id (the Hub would answer that
+    a repo id "must use alphanumeric chars"). `~` is not expanded (the shell does that); when the expanded path
+    exists, the message says so."""
+    path = os.fspath(value)
+    if not isinstance(path, str) or os.path.lexists(path) or not looks_like_local_path(path):
+        return
+    hint = ""
+    if path.startswith("~") and os.path.exists(os.path.expanduser(path)):
+        hint = f" ('~' is not expanded here: pass {os.path.expanduser(path)!r})"
+    raise FileNotFoundError(f"no such file or directory: {path!r}{hint}")

@@ -19,6 +19,7 @@ from tfgen.batch.options import (
 from tfgen.commands import (
     add_model_argument,
     add_sampling_arguments,
+    add_seed_argument,
     add_structured_arguments,
     sampling_options,
     structured_options,
@@ -57,7 +58,7 @@ def add_parser(subparsers) -> None:
         "--cpu-devices", type=int, help="split the host CPU into N logical devices (rehearse a multi-replica run)"
     )
     parser.add_argument("--on-error", choices=ON_ERROR, default="stop", help="bad rows: stop before anything, or skip")
-    parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), default=list(DEFAULT_SEED), help="job seed")
+    add_seed_argument(parser, default=list(DEFAULT_SEED), help_text="job seed: two integers")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per row at most (default: the "
                         "model's config, else up to 1024 within the context the longest prompt leaves)")
     add_sampling_arguments(parser)

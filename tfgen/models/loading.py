@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-from tfgen.local_files import file_present, read_json_file
+from tfgen.local_files import check_local_path, file_present, read_json_file
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -46,11 +46,13 @@ def resolve_model_directory(
 ) -> Path:
     """Returns a local directory holding the checkpoint: `path_or_repo_id` itself when it is a directory,
     else a Hub snapshot limited to `HUB_ALLOW_PATTERNS`. `local_files_only=None` follows `HF_HUB_OFFLINE`
-    (read now, not at import). Raises `OSError` naming `path_or_repo_id` when it cannot be resolved."""
+    (read now, not at import). Raises `OSError` naming `path_or_repo_id` when it cannot be resolved
+    (FileNotFoundError, before any Hub lookup, for a path such as `./model` that does not exist)."""
     if not isinstance(path_or_repo_id, (str, os.PathLike)):
         raise TypeError(f"path_or_repo_id must be a str or path, got {type(path_or_repo_id).__name__}")
     if os.path.isdir(path_or_repo_id):
         return Path(path_or_repo_id)
+    check_local_path(path_or_repo_id)
     if local_files_only is None:
         local_files_only = _env_flag("HF_HUB_OFFLINE")
     try:

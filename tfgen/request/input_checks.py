@@ -109,14 +109,31 @@ def mask_array(mask, ids: np.ndarray, name: str, ids_name: str) -> np.ndarray:
     return array.astype(np.int32)
 
 
+def check_prompt_fits(prompt_tokens: int, max_positions: int | None, *, name: str | None = "input_ids",
+                      remedy: str | None = None) -> None:
+    """ValueError when a prompt of `prompt_tokens` tokens leaves no position for an answer in a model of
+    `max_positions` positions (None: no limit), naming both numbers and what helps: a shorter prompt, or truncation
+    as it is encoded (`remedy` replaces that advice; `name`, the argument the message begins with, None: none). No
+    length option can help there, so the message names none."""
+    if max_positions is None or prompt_tokens < max_positions:
+        return
+    if remedy is None:
+        remedy = (f"use a shorter prompt, or truncate it as you encode it: tokenizer(text, truncation=True, "
+                  f"max_length=N) with N below {max_positions}, leaving room for the answer")
+    raise ValueError(f"{'' if name is None else name + ': '}the prompt has {prompt_tokens} tokens and the model's "
+                     f"context is {max_positions} tokens (prompt and answer together), so no token is left for the "
+                     f"answer; {remedy}.")
+
+
 def resolve_lengths(config: GenerationConfig, prompt_len: int, model_config, explicit_max_length: bool) -> int:
-    """HF's length rules: returns max_new_tokens and sets `config.max_length`/`min_length` to totals."""
+    """HF's length rules: returns max_new_tokens and sets `config.max_length`/`min_length` to totals (a prompt that
+    fills the model's positions is refused before, by `check_prompt_fits`: no length option can make room there)."""
+    max_positions = getattr(model_config, "max_position_embeddings", None)
     if config.max_new_tokens is not None:
         config.max_length = prompt_len + config.max_new_tokens
     elif not explicit_max_length and config.max_length == GenerationConfig().max_length:
         # HF's default: 20 new tokens, capped by the model's positions.
         config.max_length = config.max_length + prompt_len
-        max_positions = getattr(model_config, "max_position_embeddings", None)
         if max_positions is not None:
             config.max_length = min(config.max_length, max_positions)
     if config.max_length <= prompt_len:

@@ -32,7 +32,7 @@ from tfgen.request.encoder import (
     refuse_encoder_decoder_inputs,
     returned_encoder_states,
 )
-from tfgen.request.input_checks import check_prompt, check_seed, pop_input_ids, resolve_lengths
+from tfgen.request.input_checks import check_prompt, check_prompt_fits, check_seed, pop_input_ids, resolve_lengths
 from tfgen.request.size import check_request_fits
 from tfgen.request.spec import decode_spec, knob_values
 from tfgen.stopping.criteria import split_stopping_criteria
@@ -264,13 +264,15 @@ def prepare_request(
         input_ids, attention_mask = check_prompt(input_ids, attention_mask, config, vocab_size, pad_token_id, eos_ids,
                                                  stacklevel=stacklevel + 1)
     batch_size, prompt_len = input_ids.shape
-    max_new_tokens = resolve_lengths(config, prompt_len, model_config, call.explicit_max_length)
     longest_row = int(attention_mask.sum(axis=1).max())
     max_positions = getattr(model_config, "max_position_embeddings", None)
+    check_prompt_fits(longest_row, max_positions)
+    max_new_tokens = resolve_lengths(config, prompt_len, model_config, call.explicit_max_length)
     if max_positions is not None and longest_row + max_new_tokens > max_positions:
         raise ValueError(
             f"max_new_tokens: the longest prompt has {longest_row} tokens and {max_new_tokens} new tokens were asked "
-            f"for, but the model has only {max_positions} positions."
+            f"for, but the model has only {max_positions} positions: at most {max_positions - longest_row} new "
+            "tokens fit (or shorten the prompt)."
         )
 
     row_seeds = check_seed(seed, batch_size, bool(config.do_sample), stacklevel=stacklevel + 1)

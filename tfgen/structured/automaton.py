@@ -130,6 +130,16 @@ def pattern_positions(pattern: str) -> int:
     return sum(sizes)
 
 
+def check_pattern_size(pattern: str, option: str) -> None:
+    """ValueError naming `option` when `pattern` unrolls to more than `MAX_AUTOMATON_STATES` positions."""
+    positions = pattern_positions(pattern)
+    if positions > MAX_AUTOMATON_STATES:
+        raise ValueError(
+            f"{option}: its regex unrolls to {positions} positions (each counted repetition copies what it repeats), "
+            f"over the limit of {MAX_AUTOMATON_STATES} automaton states "
+            "(tfgen.structured.automaton.MAX_AUTOMATON_STATES); lower the repetition bounds (maxLength, maxItems).")
+
+
 def _class_end(pattern: str, start: int) -> int:
     """Index of the `]` closing the character class opened at `start` (the last index when it is never closed)."""
     index = start + 1
@@ -170,12 +180,7 @@ def build_automaton(tokenizer, vocab_size: int, pattern: str, option: str = "reg
     vocabulary, pattern and size). ValueError naming `option` (the option the pattern comes from) when the pattern
     is not a regex outlines-core supports, when the tokens cannot spell any match, or when the automaton would be
     over `MAX_AUTOMATON_STATES` states or its build over `MAX_BUILD_SECONDS`."""
-    positions = pattern_positions(pattern)
-    if positions > MAX_AUTOMATON_STATES:
-        raise ValueError(
-            f"{option}: its regex unrolls to {positions} positions (each counted repetition copies what it repeats), "
-            f"over the limit of {MAX_AUTOMATON_STATES} automaton states "
-            "(tfgen.structured.automaton.MAX_AUTOMATON_STATES); lower the repetition bounds (maxLength, maxItems).")
+    check_pattern_size(pattern, option)
     spelled, fingerprint, placeholder_eos = _spelled_vocabulary(tokenizer)
     key = (fingerprint, pattern, int(vocab_size))
     with _lock:

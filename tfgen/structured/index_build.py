@@ -22,6 +22,7 @@ from tfgen.structured.automaton import (
     TokenAutomaton,
     padded_size,
 )
+from tfgen.structured.pattern_check import compile_failure
 
 
 def build_index_tables(spelled: dict[int, bytes], placeholder_eos: int, vocab_size: int, pattern: str,
@@ -37,7 +38,8 @@ def build_index_tables(spelled: dict[int, bytes], placeholder_eos: int, vocab_si
     try:
         index = Index(pattern, Vocabulary(placeholder_eos, dict(ids_by_bytes)))
     except ValueError as err:
-        raise ValueError(f"{pattern!r} cannot constrain this model's output: {err}") from None
+        failure = compile_failure(pattern, str(err))
+        raise ValueError(failure or f"{pattern!r} cannot constrain this model's output: {err}") from None
     return automaton_tables(index, placeholder_eos, vocab_size, pattern, began, max_states)
 
 

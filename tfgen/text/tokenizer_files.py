@@ -10,7 +10,7 @@ from typing import Any
 
 import tokenizers
 
-from tfgen.local_files import TOKENIZER_JSON_CAP, file_present, read_json_file, read_text_file
+from tfgen.local_files import TOKENIZER_JSON_CAP, check_local_path, file_present, read_json_file, read_text_file
 from tfgen.value_types import is_integer
 
 SPECIAL_TOKEN_NAMES = ("bos", "eos", "pad")
@@ -34,9 +34,11 @@ def resolve_checkpoint_directory(
     token: str | bool | None,
     local_files_only: bool | None,
 ) -> str:
-    """A local directory holding the tokenizer files: the path itself, or a (possibly cached) hub snapshot."""
+    """A local directory holding the tokenizer files: the path itself, or a (possibly cached) hub snapshot.
+    FileNotFoundError, before any Hub lookup, for a path such as `./model` that does not exist."""
     if os.path.isdir(path_or_repo_id):
         return path_or_repo_id
+    check_local_path(path_or_repo_id)
     import huggingface_hub  # lazy: only hub ids need it
 
     if local_files_only is None:
