@@ -99,6 +99,13 @@ def test_a_near_miss_of_a_registered_name_suggests_it(nothing_slow, capsys, valu
     assert f"registered names: {NAME}" in err and "internet" not in err
 
 
+@pytest.mark.parametrize("load", [AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained],
+                         ids=["model", "tokenizer"])
+def test_from_pretrained_suggests_the_registered_name(nothing_slow, load):
+    with pytest.raises(OSError, match=f"'smollm2' is not a registered model name \\(did you mean {NAME}\\?\\)"):
+        load("smollm2")
+
+
 def test_an_unknown_bare_name_lists_the_registered_ones(nothing_slow, capsys):
     assert main(["generate", "--model", "llama-9000", "hi"]) == 2
     err = one_error_line(capsys)

@@ -37,8 +37,9 @@ from tfgen.hub.registry import (
     did_you_mean,
     models_root,
     registered_model,
+    suggested_name,
 )
-from tfgen.local_files import check_local_path
+from tfgen.local_files import check_local_path, looks_like_local_path
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,18 @@ def check_model_argument(value: str | None) -> str | None:
             f"--model: {value!r} is not a registered model name{did_you_mean(value)}, a local path or a Hub id "
             f"(owner/name); registered names: {', '.join(sorted(MODELS))} (`tfgen pull --list`)")
     return None
+
+
+def near_miss(value: str) -> str | None:
+    """The registered name a bare word (no "/") means, when it is none itself, names no existing path, is not in the
+    Hugging Face cache and is close to one (`tfgen.hub.registry.suggested_name`: `smollm2`,
+    `SmolLM2-135M-Instruct`); else None. `from_pretrained` refuses such a word naming the name rather than asking
+    the Hub, which would answer only that the repo cannot be found; other bare words still go to the Hub (legacy
+    ids such as `gpt2`)."""
+    if ("/" in value or value in MODELS or os.path.exists(value) or looks_like_local_path(value)
+            or suggested_name(value) is None):
+        return None
+    return None if _in_hub_cache(value) else suggested_name(value)
 
 
 def _in_hub_cache(repo_id: str) -> bool:
