@@ -127,9 +127,10 @@ def resolve_model_argument(value: str | None, *, progress: bool = True, local_fi
 def check_model_argument(value: str | None) -> str | None:
     """Refuses, at once and without the network, a `--model` value that can name nothing: a path (`./dir`, `/abs`,
     `~/x`, `x.gguf`, `a/b/c`) where nothing is (FileNotFoundError, "no such file or directory"), and a bare word
-    that is neither a registered name nor in the Hugging Face cache (ValueError listing the registered names and
-    suggesting the closest: `smollm2` -> "did you mean smollm2-135m-instruct?"), which the Hub would answer only
-    with a connection error. Returns the path when `value` names one that exists (`~` expanded), else None."""
+    close to a registered name that is not in the Hugging Face cache (`near_miss`: ValueError listing the registered
+    names and suggesting the closest, `smollm2` -> "did you mean smollm2-135m-instruct?"), which the Hub would
+    answer only with a connection error. Other bare words go to the Hub as before (legacy ids such as `gpt2`).
+    Returns the path when `value` names one that exists (`~` expanded), else None."""
     if value is None:
         return None
     expanded = os.path.expanduser(value)
@@ -141,7 +142,7 @@ def check_model_argument(value: str | None) -> str | None:
         check_local_path(value)
     except FileNotFoundError as error:
         raise FileNotFoundError(f"--model: {error}") from None
-    if "/" not in value and not _in_hub_cache(value):
+    if near_miss(value) is not None:
         raise ValueError(
             f"--model: {value!r} is not a registered model name{did_you_mean(value)}, a local path or a Hub id "
             f"(owner/name); registered names: {', '.join(sorted(MODELS))} (`tfgen pull --list`)")
