@@ -346,3 +346,17 @@ def test_smollm2_chat_second_answer_uses_the_first_turn_and_is_generates(capsys,
     # Without the first turn the model does not know the name: the second answer used it.
     alone = tokenizer.apply_chat_template(conversation[2:], add_generation_prompt=True)
     assert "Alice" not in tokenizer.decode(answer_of(model, alone, SMOLLM2_NEW_TOKENS), skip_special_tokens=True)
+
+
+def test_export_without_max_new_tokens_buffers_a_whole_answer(model_dir, tmp_path, capsys):
+    # The server's default: a request without max_new_tokens may use the export's whole buffer, which `tfgen export`
+    # now sizes by the answer budget (HF's 20 before): 64 positions leave 32 for an answer after half the context.
+    from tfgen.config.budget import export_budget
+    from tfgen.config.generation_config import GenerationConfig
+
+    assert main(["export", str(tmp_path / "out"), "--model", model_dir, "--no-jit", "--signatures", "greedy",
+                 "--no-text"]) == 0
+    recorded = json.loads((tmp_path / "out" / "1" / "assets.extra" / "tfgen_export.json").read_text())
+    assert recorded["max_new_tokens"] == export_budget(GenerationConfig(), POSITIONS) == POSITIONS // 2
+    assert export_budget(GenerationConfig(), 8192) == 1024
+    assert export_budget(GenerationConfig(max_new_tokens=7), 64) is None  # the config's length stays

@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="model base folder (TF Serving's --model_base_path)")
     add_model_argument(parser)
-    parser.add_argument("--max-new-tokens", type=int, help="token buffer of every signature (default: config, else 20)")
+    parser.add_argument("--max-new-tokens", type=int, help="token buffer of every signature (default: the model "
+                        "config's, else 1024 within the context, leaving room for a 256-token prompt)")
     parser.add_argument("--version", type=int, default=1, help="version folder to write (default 1; must not exist)")
     parser.add_argument("--no-jit", action="store_true", help="plain TF graph: runs on TF Serving without XLA")
     parser.add_argument(
@@ -134,6 +135,7 @@ def export_model(
     folder."""
     from tfgen.auto.models import load_generation_model
     from tfgen.auto.tokenizer import AutoTokenizer
+    from tfgen.config.budget import export_budget
     from tfgen.export import export_saved_model
     from tfgen.gguf import is_gguf_path
     from tfgen.hub.pull import resolve_model_argument
@@ -143,6 +145,10 @@ def export_model(
     # A GGUF file holds its tokenizer; a directory may lack one.
     source = model_path if is_gguf_path(model_path) else resolve_model_directory(model_path)
     model = load_generation_model(source)
+    if options.get("max_new_tokens") is None:
+        # The command's buffer runs answers to eos (the library's export_saved_model keeps HF's 20).
+        options["max_new_tokens"] = export_budget(model.generation_config,
+                                                  getattr(model.config, "max_position_embeddings", None))
     has_tokenizer = is_gguf_path(model_path) or (source / "tokenizer.json").is_file()
     tokenizer = None
     constrained = options.get("regex") is not None or options.get("json_schema") is not None

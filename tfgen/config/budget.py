@@ -1,5 +1,5 @@
 """How many new tokens an answer may take when the user did not say: the one rule of the commands (`tfgen generate`,
-`tfgen chat`, `tfgen batch`) and `tfgen.pipeline`.
+`tfgen chat`, `tfgen batch`, `tfgen export`'s buffer and so `tfgen serve`'s) and `tfgen.pipeline`.
 
 `generate()` itself keeps HF's rule (20 new tokens unless the config or the call sets a length), so that it stays
 token for token with HF. A person at a command line expects what llama.cpp and ollama do: the answer runs to the end
@@ -36,6 +36,20 @@ def answer_budget(config: GenerationConfig, prompt_length: int, max_positions: i
     if max_positions is None:
         return DEFAULT_ANSWER_TOKENS
     return max(1, min(DEFAULT_ANSWER_TOKENS, int(max_positions) - int(prompt_length)))
+
+
+#: Prompt positions an export's default budget leaves free (at most half the context), as `tfgen export`'s default
+#: slot length adds to its budget.
+EXPORT_PROMPT_ROOM = 256
+
+
+def export_budget(config: GenerationConfig, max_positions: int | None) -> int | None:
+    """The token buffer of an export (`tfgen export`, `tfgen serve` without EXPORT_DIR) whose user set none: None when
+    the model's config sets a length, else `answer_budget` with room for a prompt of `EXPORT_PROMPT_ROOM` tokens (at
+    most half the context). A served request without `max_new_tokens` may use the whole buffer, so the server's
+    answers, like the commands', run to eos within it."""
+    room = EXPORT_PROMPT_ROOM if max_positions is None else min(EXPORT_PROMPT_ROOM, int(max_positions) // 2)
+    return answer_budget(config, room, max_positions)
 
 
 def budget_cut_message(budget: int, flag: str = "--max-new-tokens") -> str:
