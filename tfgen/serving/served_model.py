@@ -19,10 +19,12 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
+from tfgen.engine.scheduler import warm_up as warm_up_engine
 from tfgen.export.warmup import replay_warmup_requests
 from tfgen.generation import compile_cache
 from tfgen.serving.batching import attach_engine, engine_predict
 from tfgen.serving.errors import bad_request, error_text
+from tfgen.serving.xla_programs import drop_compiled_programs
 from tfgen.value_types import is_integer
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class ServedModel:
     #: The continuous-batching engine (`tfgen.engine.scheduler.SlotEngine`) when the export has slot signatures
     #: and the server runs one (`tfgen.serving.batching.attach_engine`), else None.
     engine: Any = None
+    #: Whether the export's signatures run XLA programs (functions marked `jit_compile`): unloading it drops them.
+    xla: bool = False
     #: Requests using this version now (`hold` / `release`): `close` waits for them.
     users: int = dataclasses.field(default=0, repr=False)
     _users_changed: threading.Condition = dataclasses.field(default_factory=threading.Condition, repr=False)
@@ -90,12 +94,33 @@ class ServedModel:
         self.signatures, self.input_specs, self.engine = {}, {}, None
         return cut
 
+    def warm_up(self) -> None:
+        """Runs the version's warm-up requests again (and its engine's warm-up row), so that the programs
+        `release_memory` dropped compile again before a request needs them. A failure is logged: the version
+        keeps serving (its requests compile what they run)."""
+        try:
+            replay_warmup_requests(self.directory, self.signatures)
+            if self.engine is not None:
+                warm_up_engine(self.engine)
+        except Exception:
+            logger.exception("warming version %d of %r up again failed", self.version, self.name)
 
-def release_memory() -> None:
+
+def release_memory(xla: bool = False, served: list[ServedModel] | tuple = ()) -> None:
     """Hands what unloaded versions held back to the system: collects the reference cycles of loaded SavedModels
-    (their functions keep each other alive until a collection) and asks glibc to return its free heap pages
-    (`malloc_trim`; without it the freed memory of TensorFlow's many small allocations stays in the process)."""
+    (their functions keep each other alive until a collection), with `xla` (an XLA export was unloaded) drops
+    every compiled XLA program, which TensorFlow never evicts, and warms the versions still `served` up again
+    (their programs compile again, from the persistent compilation cache when it is on), then asks glibc to return
+    its free heap pages (`malloc_trim`; without it the freed memory of TensorFlow's many small allocations stays in
+    the process)."""
     gc.collect()
+    if xla and drop_compiled_programs():
+        started = time.monotonic()
+        for model in served:
+            model.warm_up()
+        if served:
+            logger.info("dropped the unloaded version's XLA programs; warmed %s up again in %.1f s",
+                        ", ".join(str(model.version) for model in served), time.monotonic() - started)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -135,6 +160,7 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
     with open(os.path.join(directory, "saved_model.pb"), "rb") as file:
         meta_graph = saved_model_pb2.SavedModel.FromString(file.read()).meta_graphs[0]
     signatures = dict(loaded.signatures)
+    xla = any(function.attr["_XlaMustCompile"].b for function in meta_graph.graph_def.library.function)
     if warmup:
         replay_warmup_requests(directory, signatures)
     served = ServedModel(
@@ -142,6 +168,7 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
         version=int(version),
         directory=directory,
         signatures=signatures,
+        xla=xla,
         input_specs={name: function.structured_input_signature[1] for name, function in signatures.items()},
         signature_defs={
             name: json_format.MessageToDict(definition, preserving_proto_field_name=True)

@@ -11,8 +11,9 @@ Like TF Serving's file system source (`--file_system_poll_wait_seconds`), `Serve
 served; under the `latest` policy the older versions are unloaded once it is ready, under `all` every version on
 disk is served. A version folder removed from disk is unloaded. A version being unloaded lets the requests using
 it (`acquire`) finish first, within `drain_timeout` seconds, then drops its SavedModel and hands the memory back
-(`release_memory`). A version that fails to load is logged and left
-out (tried again if its folder is removed and written anew); the versions already served keep serving.
+(`release_memory`; for an XLA export its compiled programs too, and the versions still served warm up again). A
+version that fails to load is logged and left out (tried again if its folder is removed and written anew); the
+versions already served keep serving.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class ServedModels:
         if cut:
             logger.warning("version %d of %r unloaded with %d requests still running (cut off after %g s)",
                            model.version, self.name, cut, self.drain_timeout if timeout is None else timeout)
-        release_memory()
+        release_memory(model.xla, self.available() if self.warmup else ())
 
     def _poll_every(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
