@@ -1,6 +1,8 @@
 """`tfgen serve [EXPORT_DIR]`: a local server speaking TF Serving's REST and gRPC APIs for an exported model
 (without EXPORT_DIR, for the shipped model, exported to a temporary folder first). Its flags are TF Serving's:
-`--port` is the gRPC port (8500), `--rest_api_port` the REST port (8501), `--model_name` the model's name."""
+`--port` is the gRPC port (8500), `--rest_api_port` the REST port (8501), `--model_name` the model's name.
+`tfgen serve --model NAME|DIR|FILE.gguf` serves a model directly, exported into tfgen's cache on first use
+(`tfgen.commands.export_cache`)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import logging
 import os
 import signal
 import tempfile
+import time
 
 # TF-free, so `tfgen serve --help` answers without TensorFlow.
+from tfgen.commands import add_model_argument
 from tfgen.commands.interrupts import INTERRUPTED_STATUS
 from tfgen.engine.options import DEFAULT_STEPS_PER_CALL
 from tfgen.serving.options import (
@@ -33,17 +37,29 @@ logger = logging.getLogger(__name__)
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
+        # No prefixes: `--model` once matched both `--model-name` and `--model_name`.
+        allow_abbrev=False,
         help="serve an export folder over TF Serving's REST and gRPC APIs (plus :generate for text)",
         description="Serves the newest version under EXPORT_DIR at /v1/models/<name>: :predict (TF Serving's row "
         "and columnar formats), status, /metadata, and :generate {\"text\": ...} over REST (--rest_api_port), and "
         "TF Serving's gRPC PredictionService (Predict, GetModelMetadata) and ModelService (GetModelStatus) on "
-        "--port. Without EXPORT_DIR, exports the shipped model (every signature, XLA) to a temporary folder first "
-        "and serves it as stdlib-gpt2. See docs/serving.md.",
+        "--port. With --model, exports that model (every signature, XLA) into tfgen's cache on first use and "
+        "serves it from there after; without EXPORT_DIR or --model, exports the shipped model to a temporary folder "
+        "first and serves it as stdlib-gpt2. See docs/serving.md.",
     )
     parser.add_argument(
         "export_dir", metavar="EXPORT_DIR", nargs="?",
-        help="folder written by `tfgen export` (default: the shipped model, exported at start)",
+        help="folder written by `tfgen export` (default: --model's, exported at start)",
     )
+    add_model_argument(parser)
+    exporting = parser.add_argument_group("the export of --model (or of the shipped model), part of its cache key")
+    exporting.add_argument("--max-new-tokens", type=int, help="token buffer of every signature (`tfgen export`'s)")
+    exporting.add_argument("--no-jit", action="store_true", help="plain TF graph instead of XLA")
+    exporting.add_argument("--no-text", action="store_true", help="skip generate_text (`tfgen export --no-text`)")
+    exporting.add_argument("--signatures", type=lambda names: names.split(","), metavar="NAMES",
+                           help="comma-separated subset of the signatures to export (default: all)")
+    exporting.add_argument("--slots", type=int, help="decode rows of continuous batching (`tfgen export --slots`)")
+    exporting.add_argument("--slot-length", type=int, help="buffer columns of a slot (`tfgen export --slot-length`)")
     parser.add_argument(
         "--port", type=int, default=None,
         help=f"gRPC port (default {DEFAULT_GRPC_PORT}, TF Serving's; 0: any free). gRPC needs tensorflow-serving-api "
@@ -55,7 +71,8 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
     parser.add_argument("--model-name", "--model_name", dest="model_name",
-                        help="the model's name in URLs and gRPC model_spec.name (default: EXPORT_DIR's folder name)")
+                        help="the model's name in URLs and gRPC model_spec.name (TF Serving's flag; default: "
+                        "EXPORT_DIR's folder name, or --model's registered name, folder name or file stem)")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_BYTES})")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
@@ -98,7 +115,33 @@ def grpc_port(args) -> int | None:
     return None
 
 
+# The export flags of `tfgen serve` (beside `--no-jit` and `--no-text`), as `export_model` takes them.
+EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length")
+
+
+def check_export_flags(args) -> None:
+    """Refuses EXPORT_DIR with `--model` or with an export flag (a served export is not exported again), and an
+    export flag out of `tfgen export`'s ranges: one-line ValueErrors, before anything loads."""
+    from tfgen.commands.export import MAX_NEW_TOKENS, MAX_SLOT_LENGTH, MAX_SLOTS
+
+    if args.export_dir is not None and args.model is not None:
+        raise ValueError(f"EXPORT_DIR ({args.export_dir}) and --model ({args.model}): give one (an export folder to "
+                         "serve, or a model to export and serve)")
+    given = [name for name in EXPORT_OPTIONS if getattr(args, name) is not None]
+    given += [flag for flag in ("no_jit", "no_text") if getattr(args, flag)]
+    if args.export_dir is not None and given:
+        raise ValueError(f"--{given[0].replace('_', '-')} shapes the export of --model; EXPORT_DIR is already "
+                         "exported (`tfgen export` takes the flag)")
+    for option, value, low, high in (("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS),
+                                     ("--slots", args.slots, 0, MAX_SLOTS),
+                                     ("--slot-length", args.slot_length, 2, MAX_SLOT_LENGTH)):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{option} must be in {low}..{high}, got {value}")
+
+
 def run(args) -> int:
+    started = time.monotonic()
+    check_export_flags(args)
     # Bad options and a port in use are reported before the model is loaded (or exported: a minute).
     check_server_options(port=DEFAULT_GRPC_PORT if args.port is None else args.port,
                          max_request_bytes=args.max_request_bytes, max_connections=args.max_connections)
@@ -126,7 +169,18 @@ def run(args) -> int:
                    batching=None if args.no_batching else {"steps_per_call": args.steps_per_call,
                                                           "max_queue": args.max_queue})
     if args.export_dir is not None:
-        return _status(serve(args.export_dir, **options))
+        return _status(serve(args.export_dir, started=started, **options))
+    export_options = {name: getattr(args, name) for name in EXPORT_OPTIONS if getattr(args, name) is not None}
+    if args.no_jit:
+        export_options["jit_compile"] = False
+    if args.no_text:
+        export_options["text"] = False
+    if args.model is not None:
+        from tfgen.commands.export_cache import cached_export
+
+        export_dir, name = cached_export(args.model, export_options)
+        options["model_name"] = args.model_name or name
+        return _status(serve(export_dir, started=started, **options))
 
     from tfgen.commands.export import export_model
     from tfgen.hub.default_model import default_model_path
@@ -134,10 +188,10 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="tfgen-serve-") as folder:
         # The folder's name is the model's name in the URLs.
         export_dir = os.path.join(folder, os.path.basename(default_model_path()))
-        logger.info("no EXPORT_DIR: exporting the shipped model to %s first (`tfgen export DIR` once, then "
-                    "`tfgen serve DIR`, skips this at every start)", export_dir)
-        export_model(None, export_dir)
-        return _status(serve(export_dir, **options))
+        logger.info("no EXPORT_DIR: exporting the shipped model to %s first (`tfgen serve --model DIR` caches the "
+                    "export, `tfgen export DIR` then `tfgen serve DIR` skips it)", export_dir)
+        export_model(None, export_dir, **export_options)
+        return _status(serve(export_dir, started=started, **options))
 
 
 def _status(stopped_by) -> int:

@@ -156,12 +156,16 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
         pass
     # An XLA export's signatures compile on their first call (the warm-up's, or a request's).
     compile_cache.start()
+    started = time.monotonic()
+    logger.info("loading %s", directory)
     loaded = tf.saved_model.load(directory)
     with open(os.path.join(directory, "saved_model.pb"), "rb") as file:
         meta_graph = saved_model_pb2.SavedModel.FromString(file.read()).meta_graphs[0]
     signatures = dict(loaded.signatures)
     xla = any(function.attr["_XlaMustCompile"].b for function in meta_graph.graph_def.library.function)
     if warmup:
+        logger.info("loaded in %.1f s; warming up (the programs compile on their first call)",
+                    time.monotonic() - started)
         replay_warmup_requests(directory, signatures)
     served = ServedModel(
         name=model_name or os.path.basename(os.path.normpath(export_dir)),

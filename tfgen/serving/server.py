@@ -29,18 +29,20 @@ def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, mode
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
           poll_interval_s: float | None = DEFAULT_POLL_INTERVAL, version_policy: str = "latest",
           grpc_port: int | None = None, batching: dict | None = None,
-          drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> signal.Signals | None:
+          drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, started: float | None = None) -> signal.Signals | None:
     """Loads the newest version under `export_dir` (every version with `version_policy="all"`) and serves it until
     SIGTERM or SIGINT (Ctrl-C), looking for new versions every `poll_interval_s` seconds (0 or None: never; see
     `tfgen.serving.versions`). REST listens on `port`; with `grpc_port`, TF Serving's gRPC API too (0 for either:
     any free port; needs `pip install "tfgen[serve]"`). `batching`: continuous batching's options
     (`steps_per_call`, `max_queue`; see `tfgen.serving.batching.attach_engine`) for exports with slot signatures,
-    None to run every request as a whole call of its signature.
+    None to run every request as a whole call of its signature. Once both ports listen, one line says "ready on
+    REST port N, gRPC port M (S s)", S counted from `started` (a `time.monotonic()`; default: this call).
 
     On the signal it drains: the ports close (new connections are refused), a new request on an open connection
     gets 503, the requests running get `drain_timeout` seconds to finish, then the versions unload; one line on
     stderr says what was done. Returns the signal that stopped it (None outside the main thread, where signals
     cannot be caught: there a KeyboardInterrupt stops it the same way)."""
+    started = time.monotonic() if started is None else started
     check_server_options(port=port, max_request_bytes=max_request_bytes, max_connections=max_connections)
     check_polling_options(poll_interval_s=poll_interval_s, version_policy=version_policy)
     check_drain_timeout(drain_timeout)
@@ -72,6 +74,9 @@ def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, mode
             grpc_server.start()
             print(f"gRPC (TF Serving's PredictionService, ModelService) for {model.name!r} at {grpc_server.target}",
                   file=sys.stderr, flush=True)
+        grpc = "" if grpc_server is None else f", gRPC port {grpc_server.port}"
+        print(f"ready on REST port {server.server_address[1]}{grpc} ({time.monotonic() - started:.1f} s)",
+              file=sys.stderr, flush=True)
         with _stop_signals() as stopped:
             started = _serve_until_stopped(server, stopped)
             report = _drain(server, grpc_server, models, drain_timeout, started)

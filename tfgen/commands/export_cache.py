@@ -1,0 +1,135 @@
+"""The exports `tfgen serve --model NAME|DIR|FILE.gguf` serves: `<cache root>/exports/<name>-<key>/1/`, written on
+first use by `tfgen.commands.export.export_model` and reused after. The key is a digest of what shapes the export:
+the model (a GGUF file: its SHA-256, as `tfgen.gguf.load_cache` hashes it; a directory: the names, sizes and
+modification times of its files, so a rewritten or replaced file gives a new entry without hashing gigabytes at
+every start), the export options, and the tfgen and TensorFlow versions (a newer tfgen may export differently).
+
+An export is written into a temporary folder beside the cache entry and renamed into place, so an interrupted one is
+never reused; an entry without its `saved_model.pb` (damaged, truncated) is removed and exported again.
+
+TensorFlow-free at import (the export itself imports it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# The version folder the cached export is written to (TF Serving's layout: <base>/<version>/saved_model.pb).
+VERSION = 1
+KEY_FILE = "tfgen-export-key.json"
+
+
+def exports_root() -> Path:
+    """`<tfgen's cache root>/exports` (`TFGEN_CACHE_DIR`, else `$XDG_CACHE_HOME/tfgen`, else `~/.cache/tfgen`)."""
+    # Function-level: the compile cache module imports nothing heavy, but `tfgen serve --help` needs none of it.
+    from tfgen.generation.compile_cache import cache_root
+
+    return cache_root() / "exports"
+
+
+def served_name(argument: str) -> str:
+    """The name a `--model` argument serves under (TF Serving's model name, in the URLs): a registered name itself,
+    a hub id's last part, a folder's name, a GGUF file's stem."""
+    from tfgen.hub.registry import MODELS
+
+    if argument in MODELS:
+        return argument
+    expanded = os.path.expanduser(argument)
+    base = os.path.basename(os.path.normpath(expanded)) if os.path.exists(expanded) else argument.rstrip("/")
+    base = base.split("/")[-1]
+    return base[: -len(".gguf")] if base.lower().endswith(".gguf") else base
+
+
+def model_digest(path: str | os.PathLike) -> str:
+    """A digest of the model at `path`: a file's SHA-256 (`tfgen.gguf.load_cache.file_digest`); for a directory, the
+    SHA-256 of its files' relative names, sizes and modification times (ns), hidden files and folders left out."""
+    from tfgen.gguf.load_cache import file_digest
+
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return file_digest(path)
+    listing = []
+    for folder, folders, files in os.walk(path, followlinks=True):
+        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            status = os.stat(os.path.join(folder, name))
+            listing.append([os.path.relpath(os.path.join(folder, name), path), status.st_size, status.st_mtime_ns])
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+def export_key(digest: str, options: dict) -> dict:
+    """What identifies a cached export: the model's digest, the export options and the versions that wrote it."""
+    import tfgen
+
+    try:
+        tensorflow = metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        tensorflow = None
+    return {"model": digest, "options": options, "tfgen": tfgen.__version__, "tensorflow": tensorflow}
+
+
+def is_complete(folder: Path, key: dict) -> bool:
+    """Whether `folder` holds a whole export for `key`: its key file says so and `1/saved_model.pb` is there."""
+    try:
+        written = json.loads((folder / KEY_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return written == key and (folder / str(VERSION) / "saved_model.pb").is_file()
+
+
+def cached_export(argument: str | None, options: dict | None = None, *, export=None) -> tuple[str, str]:
+    """`(export_dir, model_name)` for serving the model a `--model` argument names (`argument`, as
+    `tfgen.hub.pull.resolve_model_argument` reads it; a registered name is pulled on first use), exported with
+    `options` (keywords of `export_model`) into the cache on first use and reused after; one log line says which.
+    `export`: the exporting function (default `tfgen.commands.export.export_model`)."""
+    from tfgen.hub.pull import resolve_model_argument
+
+    options = dict(options or {})
+    if export is None:
+        from tfgen.commands.export import export_model as export
+    path = resolve_model_argument(argument)
+    if not os.path.exists(path):  # a Hub id: its snapshot, fetched now
+        from tfgen.models.loading import resolve_model_directory
+
+        path = os.fspath(resolve_model_directory(path))
+    name = served_name(argument) if argument is not None else os.path.basename(os.path.normpath(path))
+    started = time.monotonic()
+    key = export_key(model_digest(path), options)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    root = exports_root()
+    folder = root / f"{name}-{digest}"
+    if is_complete(folder, key):
+        logger.info("using the export cached in %s (%s; %.1f s to check it)", folder, name,
+                    time.monotonic() - started)
+        return os.fspath(folder), name
+    if folder.exists():
+        logger.warning("the cached export in %s is incomplete or damaged: exporting it again", folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    logger.info("exporting %s to %s (first use) ...", name, folder)
+    root.mkdir(parents=True, exist_ok=True)
+    # Written beside the entry, renamed into place when whole: an interrupted export is never taken for one.
+    partial = Path(tempfile.mkdtemp(prefix=f".partial-{name}-", dir=root))
+    try:
+        export(path, os.fspath(partial), version=VERSION, **options)
+        (partial / KEY_FILE).write_text(json.dumps(key, sort_keys=True))
+        try:
+            os.rename(partial, folder)
+        except OSError:
+            if not is_complete(folder, key):  # another process's entry, just written, is as good as ours
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    logger.info("exported %s in %.1f s", name, time.monotonic() - started)
+    return os.fspath(folder), name
