@@ -158,8 +158,8 @@ def test_served_names_and_the_gguf_digest(tmp_path):
 
 
 def test_start_up_says_what_it_does_until_ready(own_model, tmp_path):
-    """A real `tfgen serve --model` process: loading, warming up, then "ready on REST port N (S s)"; SIGTERM ends
-    it with status 0."""
+    """A real `tfgen serve --model` process: exporting, loading, warming up, then "ready on REST port N, gRPC port M
+    (S s)", each line once; SIGTERM ends it with status 0."""
     env = dict(os.environ, TFGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path))
     process = subprocess.Popen(
         [sys.executable, "-m", "tfgen.cli", "serve", "--model", own_model, "--port", "0", "--rest_api_port", "0",
@@ -182,3 +182,5 @@ def test_start_up_says_what_it_does_until_ready(own_model, tmp_path):
     text = "".join(lines)
     for words in ("exporting tiny-word to", "(first use)", "loading", "warming up", "ready on REST port", "gRPC port"):
         assert words in text, text
+    # Once each: TensorFlow's SavedModel writer no longer gives the root logger a second handler.
+    assert "INFO:tfgen" not in text, text

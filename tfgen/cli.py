@@ -156,19 +156,26 @@ def _run(argv, interrupts) -> int:
 
 @contextlib.contextmanager
 def _library_messages_on_stderr(level: int):
-    """Shows the records of the "tfgen" loggers at `level` and above on stderr as `tfgen: <message>`."""
+    """Shows the records of the "tfgen" loggers at `level` and above on stderr as `tfgen: <message>`, once each."""
     library_logger = logging.getLogger("tfgen")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("tfgen: %(message)s"))
     previous_level = library_logger.level
     library_logger.addHandler(handler)
     library_logger.setLevel(level)
+    # A module-level `logging.info` (TensorFlow's SavedModel writer has one) would otherwise give the root logger a
+    # handler of its own (`logging.basicConfig`), and every tfgen line after it would be printed twice.
+    root_handler = logging.NullHandler() if not logging.root.handlers else None
+    if root_handler is not None:
+        logging.root.addHandler(root_handler)
     try:
         yield
     finally:
         # main() also runs inside other programs (tests): leave the logger as it was.
         library_logger.removeHandler(handler)
         library_logger.setLevel(previous_level)
+        if root_handler is not None:
+            logging.root.removeHandler(root_handler)
 
 
 @contextlib.contextmanager

@@ -74,10 +74,11 @@ def serve(export_dir, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, mode
             grpc_server.start()
             print(f"gRPC (TF Serving's PredictionService, ModelService) for {model.name!r} at {grpc_server.target}",
                   file=sys.stderr, flush=True)
-        grpc = "" if grpc_server is None else f", gRPC port {grpc_server.port}"
-        print(f"ready on REST port {server.server_address[1]}{grpc} ({time.monotonic() - started:.1f} s)",
-              file=sys.stderr, flush=True)
         with _stop_signals() as stopped:
+            # Said once SIGTERM drains: a process manager may stop the server as soon as it reads this line.
+            grpc = "" if grpc_server is None else f", gRPC port {grpc_server.port}"
+            print(f"ready on REST port {server.server_address[1]}{grpc} ({time.monotonic() - started:.1f} s)",
+                  file=sys.stderr, flush=True)
             started = _serve_until_stopped(server, stopped)
             report = _drain(server, grpc_server, models, drain_timeout, started)
         name = stopped["signal"].name if stopped.get("signal") else "interrupted"
