@@ -121,6 +121,9 @@ def cached_export(argument: str | None, options: dict | None = None, *, export=N
     root.mkdir(parents=True, exist_ok=True)
     # Written beside the entry, renamed into place when whole: an interrupted export is never taken for one.
     partial = Path(tempfile.mkdtemp(prefix=f".partial-{name}-", dir=root))
+    umask = os.umask(0)
+    os.umask(umask)
+    partial.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the entry from another user's TF Serving
     try:
         export(path, os.fspath(partial), version=VERSION, **options)
         (partial / KEY_FILE).write_text(json.dumps(key, sort_keys=True))
