@@ -18,7 +18,7 @@ import pytest
 from conftest import word_level_tokenizer
 from test_generate_chat import TEMPLATE
 
-from tfgen.export import export_saved_model
+from tfgen.cli import main
 from tfgen.serving import ModelServer, load_export, start_in_thread
 from tfgen.serving.openai_protocol import seed_pair
 
@@ -40,10 +40,14 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory, tiny_model, tokenizer):
+def export_dir(tmp_path_factory, model_dir):
+    """`tfgen export --no-text` of the tiny model whose folder has a tokenizer and a chat template."""
+    source = tmp_path_factory.mktemp("chat_model")
+    shutil.copytree(model_dir, source, dirs_exist_ok=True)
+    (source / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
     root = tmp_path_factory.mktemp("openai") / MODEL
-    export_saved_model(tiny_model, root, max_new_tokens=BUFFER, tokenizer=tokenizer, text=False,
-                       signatures=["greedy"], slots=4, slot_length=32)
+    assert main(["export", str(root), "--model", str(source), "--max-new-tokens", str(BUFFER), "--no-text",
+                 "--signatures", "greedy", "--slots", "4", "--slot-length", "32"]) in (0, None)
     return str(root)
 
 
