@@ -190,6 +190,8 @@ def test_stop_cuts_the_text_before_the_stop_string(client, tiny_model, tokenizer
     ({"n": 0}, "n"),
     ({"extra_body": {"best_guess": 1}}, "best_guess"),
     ({"messages": [{"role": "tool", "content": "w5"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "w5 " * 40}]}, "messages"),  # longer than a slot
+    ({"stop": ["w5"] * 5}, "stop"),
 ])
 def test_what_is_not_honoured_is_a_400_naming_the_field(client, options, param):
     request = {"model": MODEL, "messages": MESSAGES, **options}

@@ -183,7 +183,11 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
     )
     tokenizer_dir = os.path.join(directory, "assets.extra", TOKENIZER_FOLDER)
     if os.path.isdir(tokenizer_dir):
-        served.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        try:
+            served.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        except (OSError, ValueError) as error:  # the version still serves its signatures
+            logger.warning("version %d of %r: its tokenizer (%s) does not load, so the OpenAI routes cannot take "
+                           "text: %s", served.version, served.name, tokenizer_dir, error)
     if batching is not None:
         attach_engine(served, warm=warmup, **batching)
     return served
