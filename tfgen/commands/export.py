@@ -37,7 +37,8 @@ def add_parser(subparsers) -> None:
         "--signatures", type=lambda names: names.split(","), metavar="NAMES",
         help=f"comma-separated subset of {','.join(SIGNATURES)} (default: all)",
     )
-    parser.add_argument("--no-text", action="store_true", help="skip generate_text even when a tokenizer is present")
+    parser.add_argument("--no-text", action="store_true", help="skip generate_text even when a tokenizer is "
+                        "present (its files and chat template are still written to assets.extra/tokenizer/)")
     parser.add_argument("--num-beams", type=int,
                         help=f"beams of the beam_search signature, 2..{MAX_BEAMS} (default: config, else 4)")
     parser.add_argument("--contrastive-top-k", type=int,
@@ -158,6 +159,9 @@ def export_model(
             tokenizer = AutoTokenizer.from_pretrained(source)
         else:
             logger.warning("no tokenizer.json next to the model, so no generate_text signature")
+    if tokenizer is None and has_tokenizer:
+        # Without generate_text too: the export carries the tokenizer and chat template (assets.extra/tokenizer/).
+        tokenizer = AutoTokenizer.from_pretrained(source)
     if stop_strings:
         options["stop_strings"] = stop_strings
     try:

@@ -50,11 +50,14 @@ from tfgen.request.prepare import base_config, pad_token_id_of, refuse_whole_cal
 from tfgen.request.size import check_request_fits
 from tfgen.request.spec import decode_spec, knob_values
 from tfgen.structured.automaton import constraint_automaton
+from tfgen.text.tokenizer import Tokenizer
 from tfgen.value_types import is_integer
 
 logger = logging.getLogger(__name__)
 
 EXPORT_INFO_FILE = "tfgen_export.json"
+#: The folder under `assets.extra/` holding the tokenizer's files (`save_pretrained`), chat template included.
+TOKENIZER_FOLDER = "tokenizer"
 
 
 def export_saved_model(
@@ -95,7 +98,9 @@ def export_saved_model(
         signatures: names from `SIGNATURES` (default: all, `generate_text` only when `tokenizer` is given and `text`
             is true, `prompt_lookup` only when the model declares `row_cache_index`).
         tokenizer: a byte-level BPE `tfgen.Tokenizer` for the `generate_text` signature (needs `tfgen[text]`), and
-            the tokenizer stop strings are matched with.
+            the tokenizer stop strings are matched with. A `tfgen.Tokenizer` (HF files or a GGUF vocabulary) is saved
+            with its chat template to `assets.extra/tokenizer/`, from which `tfgen serve` tokenizes its
+            OpenAI-compatible requests.
         num_beams: beams of the `beam_search` signature (default: the config's `num_beams` when above 1, else 4).
         contrastive_top_k: candidates per step of the `contrastive` signature (default: the config's `top_k` when
             the config selects contrastive search, else 4).
@@ -169,6 +174,14 @@ def export_saved_model(
         extra = os.path.join(staging, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         config.save_pretrained(extra)
+        if isinstance(tokenizer, Tokenizer):
+            # The tokenizer and its chat template travel with the export: `tfgen serve` tokenizes and renders chat
+            # requests server-side from them (`tfgen.serving.served_model.load_export`). HF-format files only: a
+            # keras-hub tokenizer's saved files do not load back as a tokenizer without its preset.
+            tokenizer.save_pretrained(os.path.join(extra, TOKENIZER_FOLDER))
+        elif tokenizer is not None:
+            logger.info("the export does not carry the %s (only HF-format tokenizers are written to "
+                        "assets.extra/%s/)", type(tokenizer).__name__, TOKENIZER_FOLDER)
         # One small request per table signature, which TF Serving (and `tfgen serve`) runs at load: see warmup.py.
         warmup = warmup_requests({name: functions[name].structured_input_signature[0][0] for name in specs},
                                  exporter.vocab_size, warmup_prompt_tokens(exporter.max_positions, buffer_new_tokens),

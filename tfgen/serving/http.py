@@ -5,6 +5,7 @@ Routes, as TF Serving answers them (so TF Serving clients work unchanged):
     GET  /v1/models/<name>[/versions/<v>]/metadata   signature definitions
     POST /v1/models/<name>[/versions/<v>]:predict    {"signature_name"?, "instances": [...]} (row format) or
                                                      {"signature_name"?, "inputs": {...}} (columnar format)
+OpenAI's (`tfgen/serving/openai_api.py`): GET /v1/models, POST /v1/completions, POST /v1/chat/completions;
 and, tfgen's own:
     POST /v1/models/<name>[/versions/<v>]:generate   {"text": "..." | ["...", ...]} -> {"text": same shape}
                                                      (runs the export's `generate_text` signature)
@@ -43,6 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from tfgen.serving.batching import TextStream, text_stream
 from tfgen.serving.connections import ConnectionTracker, DeadlineReader, close_gently, refuse
 from tfgen.serving.errors import RequestError
+from tfgen.serving.openai_api import OPENAI_ROUTES, EventStream, openai_route
+from tfgen.serving.openai_protocol import as_openai_error
 from tfgen.serving.options import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -171,6 +174,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload = HTTPStatus.OK, self._route()
         except RequestError as error:
             status, payload, headers = error.status, {"error": str(error)}, error.headers
+            if urllib.parse.urlsplit(self.path).path in OPENAI_ROUTES:  # OpenAI's error object
+                payload = as_openai_error(error).payload()
         except (ConnectionError, TimeoutError):
             raise  # the client went away: nobody to answer (ModelServer.handle_error logs one debug line)
         except Exception as error:  # the server keeps serving whatever one request did
@@ -182,12 +187,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         if self.server.draining:
             self.close_connection = True  # the last answer on this connection
-        if isinstance(payload, TextStream):
+        if isinstance(payload, (TextStream, EventStream)):
             self._send_stream(payload)
         else:
             self._send_json(status, payload, headers)
 
-    def _send_stream(self, stream: TextStream):
+    def _send_stream(self, stream: TextStream | EventStream):
         """Server-sent events over a chunked response (`tfgen.serving.batching.TextStream`); a client that hangs up
         ends the stream, which frees its decode slot."""
         self.send_response(HTTPStatus.OK)
@@ -232,6 +237,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> dict:
         path = urllib.parse.urlsplit(self.path).path
+        if path in OPENAI_ROUTES:
+            return openai_route(self.server.models, self.command, path, self._body, self.held)
         for pattern, methods in (_STATUS_ROUTE, _VERB_ROUTE):  # noqa: B007 (read after the loop)
             match = pattern.fullmatch(path)
             if match is not None:

@@ -19,7 +19,9 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
+from tfgen.auto.tokenizer import AutoTokenizer
 from tfgen.engine.scheduler import warm_up as warm_up_engine
+from tfgen.export.saved_model import TOKENIZER_FOLDER
 from tfgen.export.warmup import replay_warmup_requests
 from tfgen.generation import compile_cache
 from tfgen.serving.batching import attach_engine, engine_predict
@@ -48,6 +50,9 @@ class ServedModel:
     #: The continuous-batching engine (`tfgen.engine.scheduler.SlotEngine`) when the export has slot signatures
     #: and the server runs one (`tfgen.serving.batching.attach_engine`), else None.
     engine: Any = None
+    #: The export's tokenizer (`assets.extra/tokenizer/`, with its chat template) when it has one, else None: the
+    #: OpenAI-compatible routes tokenize and render chat requests with it (`tfgen.serving.openai_api`).
+    tokenizer: Any = None
     #: Whether the export's signatures run XLA programs (functions marked `jit_compile`): unloading it drops them.
     xla: bool = False
     #: Requests using this version now (`hold` / `release`): `close` waits for them.
@@ -134,7 +139,8 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
     `export_dir` holds numeric version folders, as `tfgen export` writes them. `model_name` defaults to the
     folder's name (TF Serving's docker image takes it from `MODEL_NAME`). With `warmup`, the export's
     `assets.extra/tf_serving_warmup_requests` run once each before it returns, as TF Serving runs them, so the
-    first request does not build the programs. `batching`: options of `tfgen.serving.batching.attach_engine`
+    first request does not build the programs. The export's tokenizer (`assets.extra/tokenizer/`) is loaded when
+    it has one (`ServedModel.tokenizer`). `batching`: options of `tfgen.serving.batching.attach_engine`
     (`steps_per_call`, `max_queue`) to decode greedy and sampling requests with continuous batching when the
     export has slot signatures (None: every request runs its signature as a whole call). Raises OSError when no
     (such) version exists.
@@ -179,6 +185,13 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
             for name, definition in meta_graph.signature_def.items()
         },
     )
+    tokenizer_dir = os.path.join(directory, "assets.extra", TOKENIZER_FOLDER)
+    if os.path.isdir(tokenizer_dir):
+        try:
+            served.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        except (OSError, ValueError) as error:  # the version still serves its signatures
+            logger.warning("version %d of %r: its tokenizer (%s) does not load, so the OpenAI routes cannot take "
+                           "text: %s", served.version, served.name, tokenizer_dir, error)
     if batching is not None:
         attach_engine(served, warm=warmup, **batching)
     return served
