@@ -56,6 +56,21 @@ def tiny_model(tiny_checkpoint):
     return AutoModelForCausalLM.from_pretrained(tiny_checkpoint[0])
 
 
+#: The tiny model's chat template, word-level (its vocabulary is "w3" ... "w96"): roles become words, the turns
+#: end with eos.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{% if m.role == 'system' %}w10{% else %}w11{% endif %} "
+                 "{{ m.content }} {{ eos_token }}{% endfor %}{% if add_generation_prompt %} w12{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(model_dir, tmp_path_factory):
+    """`model_dir` plus `CHAT_TEMPLATE` as its chat_template.jinja (read-only)."""
+    directory = tmp_path_factory.mktemp("chat_model")
+    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    return str(directory)
+
+
 @pytest.fixture(scope="session")
 def model_dir(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint plus the word-level tokenizer ("w3" ... "w96"), as `--model` expects (read-only)."""

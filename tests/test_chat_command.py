@@ -17,7 +17,6 @@ import time
 
 import numpy as np
 import pytest
-from test_generate_chat import TEMPLATE
 
 from tfgen import AutoModelForCausalLM, AutoTokenizer, Tokenizer
 from tfgen.cli import main
@@ -28,17 +27,8 @@ POSITIONS = 64  # the tiny model's context (conftest.TINY_GPT2's n_positions)
 
 
 @pytest.fixture(scope="module")
-def chat_dir(model_dir, tmp_path_factory):
-    """The tiny word-level model with a chat template (roles become words, turns end with eos)."""
-    directory = tmp_path_factory.mktemp("chat_model")
-    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
-    (directory / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
-    return str(directory)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(chat_dir):
-    return Tokenizer.from_pretrained(chat_dir)
+def tokenizer(chat_model_dir):
+    return Tokenizer.from_pretrained(chat_model_dir)
 
 
 _MODELS: dict = {}  # (use, path) -> the model: loaded once per module, so its compiled programs are shared
@@ -61,9 +51,9 @@ def shared_models(monkeypatch):
 
 
 @pytest.fixture
-def reference(chat_dir):
+def reference(chat_model_dir):
     """What in-process `generate()` gives on the tiny chat model (default buckets)."""
-    return model_for(chat_dir)
+    return model_for(chat_model_dir)
 
 
 @pytest.fixture
@@ -96,9 +86,9 @@ def rendered(tokenizer, *contents, system=None):
 
 
 def test_generate_answers_through_the_template_by_default_and_says_when_the_budget_cut_it(
-    chat_dir, tokenizer, reference, calls, capsys
+    chat_model_dir, tokenizer, reference, calls, capsys
 ):
-    assert main(["generate", "--model", chat_dir, "w20 w21", "--greedy", "--system", "w30"]) == 0
+    assert main(["generate", "--model", chat_model_dir, "w20 w21", "--greedy", "--system", "w30"]) == 0
     out, err = capsys.readouterr()
     ids = rendered(tokenizer, "w20 w21", system="w30")
     # Without --chat: the system and user messages rendered, the budget is the commands' default within the context.
@@ -114,9 +104,9 @@ def test_generate_answers_through_the_template_by_default_and_says_when_the_budg
             "(bucket 64) ...") in err
 
 
-def test_raw_continues_plain_text_and_an_answer_that_ends_is_not_reported(chat_dir, tokenizer, reference, calls,
+def test_raw_continues_plain_text_and_an_answer_that_ends_is_not_reported(chat_model_dir, tokenizer, reference, calls,
                                                                             capsys):
-    assert main(["generate", "--model", chat_dir, "w20 w21", "--raw", "--greedy", "--max-new-tokens", "6",
+    assert main(["generate", "--model", chat_model_dir, "w20 w21", "--raw", "--greedy", "--max-new-tokens", "6",
                  "--no-stream"]) == 0
     out, err = capsys.readouterr()
     plain = tokenizer.encode("w20 w21")
@@ -129,27 +119,27 @@ def test_raw_continues_plain_text_and_an_answer_that_ends_is_not_reported(chat_d
     # An answer that ends at a stop string uses less than its budget: no line either.
     ids = rendered(tokenizer, "w20 w21")
     first = tokenizer.decode(answer_of(reference, ids, 3)).split()[2]
-    assert main(["generate", "--model", chat_dir, "w20 w21", "--greedy", "--stop-string", first]) == 0
+    assert main(["generate", "--model", chat_model_dir, "w20 w21", "--greedy", "--stop-string", first]) == 0
     out, err = capsys.readouterr()
     assert out.split() == tokenizer.decode(answer_of(reference, ids, 3)).split() and "cut" not in err
 
 
-def test_flags_of_the_template_are_checked_before_anything_loads(chat_dir, model_dir, calls, capsys):
-    assert main(["generate", "--model", chat_dir, "w5", "--raw", "--system", "w6"]) == 2
+def test_flags_of_the_template_are_checked_before_anything_loads(chat_model_dir, model_dir, calls, capsys):
+    assert main(["generate", "--model", chat_model_dir, "w5", "--raw", "--system", "w6"]) == 2
     assert capsys.readouterr().err == ("tfgen: error: --system is the system message of the chat template, which "
                                        "--raw leaves out\n")
     with pytest.raises(SystemExit) as done:  # argparse: one of them
-        main(["generate", "--model", chat_dir, "w5", "--raw", "--chat"])
+        main(["generate", "--model", chat_model_dir, "w5", "--raw", "--chat"])
     assert done.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert main(["generate", "--model", model_dir, "w5", "--system", "w6"]) == 2
     assert "--system needs a chat template" in capsys.readouterr().err
     assert calls == []
 
 
-def test_an_empty_answer_is_never_silent(chat_dir, tmp_path, capsys):
+def test_an_empty_answer_is_never_silent(chat_model_dir, tmp_path, capsys):
     # A generation config that allows only eos: the model ends every answer at once.
     directory = tmp_path / "ends_at_once"
-    shutil.copytree(chat_dir, directory)
+    shutil.copytree(chat_model_dir, directory)
     config = json.loads((directory / "generation_config.json").read_text())
     config["suppress_tokens"] = [token for token in range(97) if token != 2]
     (directory / "generation_config.json").write_text(json.dumps(config))
@@ -179,13 +169,14 @@ def chat(monkeypatch, capsys, lines, *argv, stdin=None, shared=True):
 
 
 def test_chat_turns_use_the_conversation_and_save_reset_system_work(
-    chat_dir, tokenizer, calls, capsys, monkeypatch, tmp_path
+    chat_model_dir, tokenizer, calls, capsys, monkeypatch, tmp_path
 ):
-    reference = model_for(chat_dir, "chat")  # in-process generate() in the chat's buckets: one program for them all
+    # In-process generate() in the chat's buckets: one program for them all.
+    reference = model_for(chat_model_dir, "chat")
     traces = reference.generate_trace_count
     saved = tmp_path / "conversation.json"
     lines = ["w20 w21", "", "w22", f"/save {saved}", "/reset", "w22", "/system w30", "w23", "/help", "/bogus"]
-    status, out, err = chat(monkeypatch, capsys, lines, "--model", chat_dir, "--greedy", "--max-new-tokens", "5")
+    status, out, err = chat(monkeypatch, capsys, lines, "--model", chat_model_dir, "--greedy", "--max-new-tokens", "5")
     assert status == 0
     # At most one compiled program for the four turns: the chat's prompt-length bucket holds the whole conversation.
     # A streamed program is traced as two (the loop's start and its chunk).
@@ -212,22 +203,23 @@ def test_chat_turns_use_the_conversation_and_save_reset_system_work(
     assert ">>>" not in out + err  # no prompt decorations on piped stdin
 
 
-def test_chat_verbose_follows_each_answer_with_its_timings_line(chat_dir, capsys, monkeypatch):
-    status, out, err = chat(monkeypatch, capsys, ["w20 w21", "w22"], "--model", chat_dir, "--greedy",
+def test_chat_verbose_follows_each_answer_with_its_timings_line(chat_model_dir, capsys, monkeypatch):
+    status, out, err = chat(monkeypatch, capsys, ["w20 w21", "w22"], "--model", chat_model_dir, "--greedy",
                             "--max-new-tokens", "5", "--verbose")
     assert status == 0
     lines = [line for line in err.splitlines() if " | total " in line]
     assert len(lines) == 2, err  # one per answer
     assert lines[0].startswith("tfgen: load ") and "generated " in lines[0]
     assert not lines[1].startswith("tfgen: load ") and "generated " in lines[1]  # the load is the first answer's
-    status, out, err = chat(monkeypatch, capsys, ["w20 w21"], "--model", chat_dir, "--greedy", "--max-new-tokens", "5")
+    status, out, err = chat(monkeypatch, capsys, ["w20 w21"], "--model", chat_model_dir, "--greedy",
+                            "--max-new-tokens", "5")
     assert " | total " not in err  # without --verbose, no line
 
 
-def test_chat_says_when_the_conversation_outgrows_the_context(chat_dir, tokenizer, calls, capsys,
+def test_chat_says_when_the_conversation_outgrows_the_context(chat_model_dir, tokenizer, calls, capsys,
                                                               monkeypatch):
     long_message = " ".join(f"w{3 + i % 90}" for i in range(POSITIONS))
-    status, out, err = chat(monkeypatch, capsys, [long_message, "w20", "w21"], "--model", chat_dir, "--greedy")
+    status, out, err = chat(monkeypatch, capsys, [long_message, "w20", "w21"], "--model", chat_model_dir, "--greedy")
     assert status == 0
     # The long message is dropped; "w20" starts afresh and takes the budget the context leaves (cut: said); then the
     # conversation with "w21" no longer fits. Each time one line, and the chat goes on.
@@ -239,12 +231,12 @@ def test_chat_says_when_the_conversation_outgrows_the_context(chat_dir, tokenize
     assert [options["max_new_tokens"] for _, options in calls] == [budget]
     assert f"tfgen: {budget_cut_message(budget)}\n" in err and out.count("\n") == 1
     # A --max-new-tokens the context cannot hold is said the same way.
-    status, out, err = chat(monkeypatch, capsys, ["w20"], "--model", chat_dir, "--max-new-tokens", str(POSITIONS))
+    status, out, err = chat(monkeypatch, capsys, ["w20"], "--model", chat_model_dir, "--max-new-tokens", str(POSITIONS))
     assert status == 0 and f"(5 tokens and --max-new-tokens {POSITIONS}) no longer fits" in err and len(calls) == 1
 
 
 def test_ctrl_c_stops_the_answer_keeps_what_was_shown_and_a_second_leaves(
-    chat_dir, tokenizer, calls, capsys, monkeypatch, tmp_path
+    chat_model_dir, tokenizer, calls, capsys, monkeypatch, tmp_path
 ):
     from tfgen.commands import interrupts
     from tfgen.generation.streaming import TextStreamer
@@ -273,7 +265,7 @@ def test_ctrl_c_stops_the_answer_keeps_what_was_shown_and_a_second_leaves(
                 return "w40\n"
             return line
 
-    status, out, err = chat(monkeypatch, capsys, [], "--model", chat_dir, "--greedy", "--max-new-tokens", "5",
+    status, out, err = chat(monkeypatch, capsys, [], "--model", chat_model_dir, "--greedy", "--max-new-tokens", "5",
                             stdin=Stdin(f"w20 w21\nw22\n/save {saved}\n"))
     assert status == 0 and "tfgen: interrupted" not in err
     assert "tfgen: answer stopped (Ctrl-C); what was shown stays in the conversation" in err
@@ -284,10 +276,10 @@ def test_ctrl_c_stops_the_answer_keeps_what_was_shown_and_a_second_leaves(
     assert len(messages) == 4 and len(calls) == 2
 
 
-def test_chat_needs_a_template_and_checks_its_flags_first(model_dir, chat_dir, calls, capsys, monkeypatch):
+def test_chat_needs_a_template_and_checks_its_flags_first(model_dir, chat_model_dir, calls, capsys, monkeypatch):
     status, out, err = chat(monkeypatch, capsys, ["w5"], "--model", model_dir)
     assert status == 1 and err.startswith("tfgen: error: tfgen chat needs a chat template") and err.count("\n") == 1
-    status, out, err = chat(monkeypatch, capsys, ["w5"], "--model", chat_dir, "--temperature", "-1")
+    status, out, err = chat(monkeypatch, capsys, ["w5"], "--model", chat_model_dir, "--temperature", "-1")
     assert status == 2 and err.startswith("tfgen: error: --temperature") and calls == []
 
 

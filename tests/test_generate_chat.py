@@ -4,26 +4,12 @@ and `--model NAME` reaches a registered model through the resolver."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
 from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.cli import main
 from tfgen.generation.mixin import TFGenerationMixin
-
-# Word-level (the tiny model's vocabulary is "w3" ... "w96"): roles become words, the turns end with eos.
-TEMPLATE = ("{% for m in messages %}{{ bos_token }}{% if m.role == 'system' %}w10{% else %}w11{% endif %} "
-            "{{ m.content }} {{ eos_token }}{% endfor %}{% if add_generation_prompt %} w12{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def chat_model_dir(model_dir, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("chat_model")
-    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
-    (directory / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
-    return str(directory)
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from test_generate_chat import TEMPLATE
+from conftest import CHAT_TEMPLATE
 
 import tfgen
 from tfgen.config.budget import config_sets_length
@@ -24,19 +23,10 @@ MESSAGES = [{"role": "system", "content": "w20 w21"}, {"role": "user", "content"
 
 
 @pytest.fixture(scope="module")
-def chat_dir(model_dir, tmp_path_factory):
-    """The tiny word-level model with a chat template (`test_generate_chat.TEMPLATE`)."""
-    directory = tmp_path_factory.mktemp("pipeline_chat_model")
-    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
-    (directory / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
-    return str(directory)
-
-
-@pytest.fixture(scope="module")
-def loaded(chat_dir):
+def loaded(chat_model_dir):
     """(model, tokenizer, pipeline over them): one model, so the compiled programs are shared."""
-    model = tfgen.AutoModelForCausalLM.from_pretrained(chat_dir)
-    tokenizer = tfgen.AutoTokenizer.from_pretrained(chat_dir)
+    model = tfgen.AutoModelForCausalLM.from_pretrained(chat_model_dir)
+    tokenizer = tfgen.AutoTokenizer.from_pretrained(chat_model_dir)
     return model, tokenizer, tfgen.pipeline("text-generation", model=model, tokenizer=tokenizer)
 
 
@@ -192,7 +182,7 @@ def test_generate_given_text_says_to_tokenize_or_use_the_pipeline(tiny_model, te
 
 
 @pytest.fixture
-def registered_name(chat_dir, monkeypatch, tmp_path):
+def registered_name(chat_model_dir, monkeypatch, tmp_path):
     """"smollm2-135m-instruct" not cached (an empty tfgen cache, no Hub snapshot), its pull giving the tiny chat
     model; the names pulled, in order."""
     from tfgen.hub import pull as model_pull
@@ -200,7 +190,7 @@ def registered_name(chat_dir, monkeypatch, tmp_path):
     pulled = []
     monkeypatch.setenv("TFGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(model_pull, "hub_snapshot", lambda *args, **options: None)
-    monkeypatch.setattr(model_pull, "pull", lambda name, **options: pulled.append(name) or chat_dir)
+    monkeypatch.setattr(model_pull, "pull", lambda name, **options: pulled.append(name) or chat_model_dir)
     return pulled
 
 
@@ -210,7 +200,7 @@ def test_from_pretrained_takes_a_registered_name_as_the_cli_does(registered_name
         model = tfgen.AutoModelForCausalLM.from_pretrained("smollm2-135m-instruct")
     assert registered_name == ["smollm2-135m-instruct"] * 2
     assert "smollm2-135m-instruct is not in the cache" in caplog.text
-    assert tokenizer.chat_template == TEMPLATE
+    assert tokenizer.chat_template == CHAT_TEMPLATE
     assert all(np.array_equal(mine, theirs) for mine, theirs in zip(model.get_weights(), loaded[0].get_weights()))
     pipe = tfgen.pipeline("text-generation", model="smollm2-135m-instruct", max_new_tokens=NEW, do_sample=False)
     assert pipe(MESSAGES) == loaded[2](MESSAGES, max_new_tokens=NEW, do_sample=False)

@@ -15,8 +15,7 @@ import subprocess
 import numpy as np
 import openai
 import pytest
-from conftest import word_level_tokenizer
-from test_generate_chat import TEMPLATE
+from conftest import CHAT_TEMPLATE, word_level_tokenizer
 
 from tfgen.cli import main
 from tfgen.serving import ModelServer, load_export, start_in_thread
@@ -35,7 +34,7 @@ RENDERED = [{"role": "system", "content": "w20 w21"}, {"role": "user", "content"
 @pytest.fixture(scope="module")
 def tokenizer():
     chat_tokenizer = word_level_tokenizer()
-    chat_tokenizer.chat_template = TEMPLATE
+    chat_tokenizer.chat_template = CHAT_TEMPLATE
     return chat_tokenizer
 
 
@@ -44,7 +43,7 @@ def export_dir(tmp_path_factory, model_dir):
     """`tfgen export --no-text` of the tiny model whose folder has a tokenizer and a chat template."""
     source = tmp_path_factory.mktemp("chat_model")
     shutil.copytree(model_dir, source, dirs_exist_ok=True)
-    (source / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
+    (source / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     root = tmp_path_factory.mktemp("openai") / MODEL
     assert main(["export", str(root), "--model", str(source), "--max-new-tokens", str(BUFFER), "--no-text",
                  "--signatures", "greedy", "--slots", "4", "--slot-length", "32"]) in (0, None)
@@ -83,7 +82,7 @@ def test_the_export_carries_its_tokenizer_and_chat_template(export_dir, server, 
     files = os.listdir(os.path.join(export_dir, "1", "assets.extra", "tokenizer"))
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= set(files)
     served = server.model
-    assert served.tokenizer.chat_template == TEMPLATE
+    assert served.tokenizer.chat_template == CHAT_TEMPLATE
     assert served.tokenizer.encode("w5 w6 w7") == tokenizer.encode("w5 w6 w7")
 
 
