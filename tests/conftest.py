@@ -62,13 +62,17 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{% if m.role == 'system'
                  "{{ m.content }} {{ eos_token }}{% endfor %}{% if add_generation_prompt %} w12{% endif %}")
 
 
+def copy_with_chat_template(model_dir, directory, template: str) -> str:
+    """Copies the model folder `model_dir` into `directory` with `template` as its chat_template.jinja."""
+    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
+    (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
+    return str(directory)
+
+
 @pytest.fixture(scope="session")
 def chat_model_dir(model_dir, tmp_path_factory):
     """`model_dir` plus `CHAT_TEMPLATE` as its chat_template.jinja (read-only)."""
-    directory = tmp_path_factory.mktemp("chat_model")
-    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
-    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-    return str(directory)
+    return copy_with_chat_template(model_dir, tmp_path_factory.mktemp("chat_model"), CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 
 import numpy as np
 import pytest
-from conftest import left_padded_batch
+from conftest import copy_with_chat_template, left_padded_batch
 
 from tfgen import Tokenizer
 from tfgen.batch import JobInterrupted, batch_generate, row_seeds, run_batch_job
@@ -44,11 +43,8 @@ PROMPTS = ["w80 w81", "w82 w83 w84 w85"]
 
 @pytest.fixture(scope="module")
 def chat_dir(model_dir, tmp_path_factory):
-    """The tiny model with a chat template (`TEMPLATE`)."""
-    directory = tmp_path_factory.mktemp("batch_chat_model")
-    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
-    (directory / "chat_template.jinja").write_text(TEMPLATE, encoding="utf-8")
-    return str(directory)
+    """The tiny model with a chat template (`TEMPLATE`: conftest's, plus the `shout` keyword)."""
+    return copy_with_chat_template(model_dir, tmp_path_factory.mktemp("batch_chat_model"), TEMPLATE)
 
 
 @pytest.fixture(scope="module")
