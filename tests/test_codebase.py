@@ -183,3 +183,25 @@ def test_optional_dependencies_stay_optional():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "2"
+
+
+def test_the_test_runner_runs_every_test_file_once_and_reports_a_failing_group(tmp_path):
+    """tools/run_tests.py: each tests/test_*.py in exactly one group (a new file too), and a group that fails makes
+    the run fail even when another lane passes."""
+    sys.path.insert(0, str(PACKAGE.parent / "tools"))
+    try:
+        import run_tests
+    finally:
+        sys.path.pop(0)
+    names = sorted(path.name for path in (PACKAGE.parent / "tests").glob("test_*.py")) + ["test_zz_new_file.py"]
+    grouped = [name for group in run_tests.grouped_files(names) for name in group]
+    assert sorted(grouped) == names
+    assert run_tests.grouped_files(names)[-1][-1] == "test_zz_new_file.py"
+    assert run_tests.parse_lanes(["-x", "--lanes", "1", "-q"]) == (1, ["-x", "-q"])
+    with pytest.raises(SystemExit, match="--lanes"):
+        run_tests.parse_lanes(["--lanes", "two"])
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_passes():\n    pass\n")
+    (tmp_path / "tests" / "test_b.py").write_text("def test_fails():\n    assert False\n")
+    code, output, _ = run_tests.run_group(["test_a.py", "test_b.py"], ["-q", "-p", "no:cacheprovider"], tmp_path)
+    assert code == 1 and "1 failed, 1 passed" in output
