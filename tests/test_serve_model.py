@@ -34,18 +34,19 @@ def recorded(monkeypatch):
     """Records every export `tfgen serve` makes (and still makes it) and every `serve` call (without serving)."""
     import tfgen.serving
     from tfgen.commands import export as export_command
+    from tfgen.commands import export_cache
 
-    real_export = export_command.export_model
     calls = {"exports": [], "served": []}
 
     def export(model_path, out_dir, **options):
+        # In this process (the real command exports in a child, which a monkeypatch cannot reach).
         calls["exports"].append((model_path, out_dir, options))
-        return real_export(model_path, out_dir, **options)
+        return export_command.export_model(model_path, out_dir, **options)
 
     def fake_serve(export_dir, **options):
         calls["served"].append(dict(options, export_dir=export_dir))
 
-    monkeypatch.setattr(export_command, "export_model", export)
+    monkeypatch.setattr(export_cache, "export_in_child", export)
     monkeypatch.setattr(tfgen.serving, "serve", fake_serve)
     return calls
 
@@ -157,14 +158,11 @@ def test_served_names_and_the_gguf_digest(tmp_path):
     assert model_digest(model) == hashlib.sha256(model.read_bytes()).hexdigest()
 
 
-def test_start_up_says_what_it_does_until_ready(own_model, tmp_path):
-    """A real `tfgen serve --model` process: exporting, loading, warming up, then "ready on REST port N, gRPC port M
-    (S s)", each line once; SIGTERM ends it with status 0."""
-    env = dict(os.environ, TFGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tfgen.cli", "serve", "--model", own_model, "--port", "0", "--rest_api_port", "0",
-         *QUICK],
-        stderr=subprocess.PIPE, text=True, env=env)
+def start_server(arguments: list[str], env: dict) -> str:
+    """Starts `tfgen serve` with `arguments` in a process, waits for "ready on ...", stops it with SIGTERM (status
+    0 asserted) and returns its stderr up to "ready"."""
+    process = subprocess.Popen([sys.executable, "-m", "tfgen.cli", "serve", "--port", "0", "--rest_api_port", "0",
+                                *arguments], stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     try:
         deadline = time.monotonic() + 240
@@ -179,8 +177,48 @@ def test_start_up_says_what_it_does_until_ready(own_model, tmp_path):
         assert process.wait(60) == 0, lines
     finally:
         process.kill()
-    text = "".join(lines)
+    return "".join(lines)
+
+
+def test_start_up_says_what_it_does_and_a_second_start_compiles_nothing(own_model, tmp_path):
+    """A real `tfgen serve --model` process: exporting, loading, warming up, then "ready on REST port N, gRPC port M
+    (S s)", each line once; SIGTERM ends it with status 0. A second start takes the export from the cache and every
+    XLA program from the compile cache the first start filled: it adds no entry (the export runs in a child process;
+    made in the serving process, it renamed the loaded functions and the second start compiled everything again)."""
+    env = dict(os.environ, TFGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path),
+               TFGEN_COMPILE_CACHE="1")
+    arguments = ["--model", own_model, "--signatures", "greedy", "--max-new-tokens", "2", "--slots", "0"]
+    text = start_server(arguments, env)
     for words in ("exporting tiny-word to", "(first use)", "loading", "warming up", "ready on REST port", "gRPC port"):
         assert words in text, text
     # Once each: TensorFlow's SavedModel writer no longer gives the root logger a second handler.
     assert "INFO:tfgen" not in text, text
+
+    def compiled_programs():
+        return sorted(path.name for path in (tmp_path / "xla").rglob("*") if path.is_file() and "runs" not in
+                      path.parts)
+
+    first = compiled_programs()
+    assert first, "the first start compiled nothing into the cache"
+    text = start_server(arguments, env)
+    assert "using the export cached in" in text and "ready on REST port" in text, text
+    assert compiled_programs() == first
+
+
+def test_the_child_export_command_and_its_error(own_model, tmp_path, cache_root, caplog):
+    """`serve --model` exports with `tfgen export` in a child: each option is that command's flag (`-q` when the
+    command is quiet), and the child's one-line error is this process's ValueError (the line is not printed twice)."""
+    from tfgen.commands.export_cache import export_command, export_in_child
+
+    options = dict(jit_compile=False, text=False, signatures=["greedy", "sample"], max_new_tokens=5, slot_length=64)
+    with caplog.at_level("INFO", logger="tfgen"):
+        argv = export_command("m.gguf", "out", version=1, **options)
+    assert argv[1:] == ["-m", "tfgen.cli", "export", "out", "--model", "m.gguf", "--version", "1", "--no-jit",
+                        "--no-text", "--signatures", "greedy,sample", "--max-new-tokens", "5", "--slot-length", "64"]
+    with caplog.at_level("WARNING", logger="tfgen"):
+        assert export_command("m.gguf", "out", version=1, **options) == [*argv, "-q"]
+    with pytest.raises(ValueError, match="stop_strings"):
+        export_command("m.gguf", "out", version=1, stop_strings=True)
+    with pytest.raises(ValueError, match="--max-new-tokens must be in") as raised:
+        export_in_child(own_model, str(tmp_path / "out"), version=1, max_new_tokens=0)
+    assert "tfgen: error" not in str(raised.value)

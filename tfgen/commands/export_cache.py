@@ -7,6 +7,12 @@ every start), the export options, and the tfgen and TensorFlow versions (a newer
 An export is written into a temporary folder beside the cache entry and renamed into place, so an interrupted one is
 never reused; an entry without its `saved_model.pb` (damaged, truncated) is removed and exported again.
 
+The export runs in a child process (`export_in_child`), so that the serving process does exactly what a later start
+does: TensorFlow names the functions of a loaded SavedModel after a process-wide counter and the persistent compile
+cache keys programs by those names, so an export made in the serving process left the first start's compiled
+programs useless to every later start (each compiled them all again); and the exporting model's memory goes back to
+the system before serving starts.
+
 TensorFlow-free at import (the export itself imports it).
 """
 
@@ -17,6 +23,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from importlib import metadata
@@ -93,12 +101,13 @@ def cached_export(argument: str | None, options: dict | None = None, *, export=N
     """`(export_dir, model_name)` for serving the model a `--model` argument names (`argument`, as
     `tfgen.hub.pull.resolve_model_argument` reads it; a registered name is pulled on first use), exported with
     `options` (keywords of `export_model`) into the cache on first use and reused after; one log line says which.
-    `export`: the exporting function (default `tfgen.commands.export.export_model`)."""
+    `export`: the exporting function, called as `export(path, out_dir, version=..., **options)` (default
+    `export_in_child`)."""
     from tfgen.hub.pull import resolve_model_argument
 
     options = dict(options or {})
     if export is None:
-        from tfgen.commands.export import export_model as export
+        export = export_in_child
     path = resolve_model_argument(argument)
     if not os.path.exists(path):  # a Hub id: its snapshot, fetched now
         from tfgen.models.loading import resolve_model_directory
@@ -136,3 +145,52 @@ def cached_export(argument: str | None, options: dict | None = None, *, export=N
         shutil.rmtree(partial, ignore_errors=True)
     logger.info("exported %s in %.1f s", name, time.monotonic() - started)
     return os.fspath(folder), name
+
+
+#: Export options that are switches of `tfgen export` when false (their flags turn them off).
+_OFF_FLAGS = {"jit_compile": "--no-jit", "text": "--no-text"}
+
+
+def export_command(model_path: str, out_dir: str, *, version: int, **options) -> list[str]:
+    """The `tfgen export` command line (argv, this Python) that `export_model(model_path, out_dir, version=version,
+    **options)` stands for: an option `some_name=value` is `--some-name value` (a list comma-joined), and
+    `jit_compile=False` / `text=False` are `--no-jit` / `--no-text`."""
+    argv = [sys.executable, "-m", "tfgen.cli", "export", out_dir, "--model", model_path,
+            "--version", str(version)]
+    for name, value in options.items():
+        if name in _OFF_FLAGS:
+            if not value:
+                argv.append(_OFF_FLAGS[name])
+        elif isinstance(value, bool):
+            raise ValueError(f"export option {name}={value!r} has no `tfgen export` flag")
+        else:
+            argv += [f"--{name.replace('_', '-')}",
+                     ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
+    if logging.getLogger("tfgen").getEffectiveLevel() > logging.INFO:
+        argv.append("-q")
+    return argv
+
+
+def export_in_child(model_path: str, out_dir: str, *, version: int, **options) -> None:
+    """Runs `tfgen export` (`export_command`) in a child process and waits for it. Its progress lines pass through to
+    stderr; its one-line error becomes this process's ValueError (not printed twice). Ctrl-C here stops the child too.
+    Why a child: see the module's docstring."""
+    child = subprocess.Popen(export_command(model_path, out_dir, version=version, **options),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+    error = None
+    try:
+        for line in child.stderr:
+            if line.startswith("tfgen: error: "):
+                error = line[len("tfgen: error: "):].strip()
+            else:
+                sys.stderr.write(line)
+        code = child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    if code == 130:
+        raise KeyboardInterrupt
+    if code:
+        raise ValueError(error or f"exporting {model_path} failed (`tfgen export` exited with status {code}; its "
+                                  "messages are above)")
