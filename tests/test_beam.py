@@ -99,6 +99,28 @@ def test_pipeline_writes_tfgen_batchs_rows_also_reshuffled_and_rebatched(loaded,
     assert _read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]
 
 
+def test_tfrecord_input_gives_tfgen_batchs_rows(loaded, llama_dir, tmp_path):
+    """tf.train.Example records (int64 id, input_ids) in, as `tfgen batch` reads them: the same output rows."""
+    import tensorflow as tf
+
+    model, tokenizer = loaded
+    source = str(tmp_path / "rows.tfrecord")
+    rng = np.random.default_rng(3)
+    with tf.io.TFRecordWriter(source) as writer:
+        for index in range(10):
+            ids = rng.integers(3, 97, rng.integers(1, 30)).tolist()
+            features = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[100 + index])),
+                        "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+    expected = tmp_path / "batch.jsonl"
+    run_batch_job(model, source, expected, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS, progress=False)
+    output = tmp_path / "beam.jsonl"
+    assert main(["--input", source, "--output", str(output), "--model", llama_dir, "--max-new-tokens",
+                 str(NEW_TOKENS), *DIRECT]) == 0
+    assert output.read_bytes() == expected.read_bytes()
+    assert [row["id"] for row in _read_jsonl(output)] == list(range(100, 110))
+
+
 def test_keyed_model_handler_keeps_keys_and_returns_batch_rows(loaded, llama_dir):
     """`KeyedModelHandler(TFGenModelHandler)`: each key comes back with its row's `PredictionResult`, whose
     inference is the row `tfgen batch` writes (text, token ids, finish reason)."""
@@ -160,6 +182,16 @@ def test_bad_rows_fail_the_pipeline_naming_the_row(loaded, llama_dir):
         with beam.Pipeline(argv=DIRECT) as pipeline:
             _ = (pipeline | beam.Create([{"id": "x", "prompt": "w5", "temperature": 0.5}])
                  | RunInference(handler))
+
+
+def test_the_command_names_a_bad_row_in_one_line(loaded, llama_dir, tmp_path, capfd):
+    source = _write_jsonl(tmp_path / "rows.jsonl", [{"id": "ok", "prompt": "w5"}, {"id": "x", "prompt": "w6",
+                                                                                    "top_k": 2}])
+    status = main(["--input", source, "--output", str(tmp_path / "out.jsonl"), "--model", llama_dir,
+                   "--max-new-tokens", "4", *DIRECT])
+    err = capfd.readouterr().err
+    assert status == 2 and "row 'x': 'top_k': a per-row top_k is not supported" in err
+    assert "Traceback" not in err and not os.path.exists(tmp_path / "out.jsonl")
 
 
 def test_the_shipped_model_in_a_pipeline_writes_tfgen_batchs_rows(tmp_path):

@@ -12,6 +12,7 @@ carries its input position and the results are written sorted by it (one output 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The pipeline's own flags (those of `tfgen batch` that a Beam job can honour); Beam's options are the rest."""
     parser = argparse.ArgumentParser(
         prog="python -m tfgen.beam",
+        # No abbreviations: an option meant for Beam must never be taken for a prefix of one of ours.
+        allow_abbrev=False,
         description="tfgen batch's job on Apache Beam: JSONL/TFRecord rows in, tfgen batch's JSONL rows out (input "
         "order). Other options are Beam's pipeline options (--runner DataflowRunner --project ... --region ... "
         "--temp_location gs://..., --runner FlinkRunner --flink_master ..., --runner SparkRunner ...); default: "
@@ -144,10 +147,27 @@ def _run(args, beam_args: list[str]) -> int:
     rows = read_rows(args.input, args.input_format)
     if not any(arg == "--runner" or arg.startswith("--runner=") for arg in beam_args):
         beam_args = [f"--runner={DEFAULT_RUNNER}", *beam_args]
-    with beam.Pipeline(options=PipelineOptions(beam_args)) as pipeline:
+    options = PipelineOptions(beam_args)
+    # On the DirectRunner a failing row's error comes back here and is printed as one line: Beam's log of the same
+    # error with its traceback (a worker's log elsewhere) would repeat it.
+    local = options.get_all_options().get("runner") in (DEFAULT_RUNNER, None)
+    with _quiet_logger("apache_beam.runners.common", local), beam.Pipeline(options=options) as pipeline:
         build_pipeline(pipeline, rows, handler, args.output)
     logging.getLogger(__name__).info("%d rows in %s", len(rows), args.output)
     return 0
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str, quiet: bool):
+    """Holds logger `name` to CRITICAL inside the block when `quiet`."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _default_model() -> str:
