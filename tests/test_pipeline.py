@@ -215,8 +215,11 @@ def test_a_registered_name_with_hub_options_or_offline_is_refused_without_a_pull
     assert registered_name == []
 
 
-# A TensorFlow C++ log line ("I0000 00:00:1795452449.924579    3605 cudart_stub.cc:31] ...") or absl's notice.
-TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] |WARNING: All log messages before absl)", re.M)
+# A TensorFlow C++ log line in absl's format ("I0000 00:00:1795452449.924579    3605 cudart_stub.cc:31] ...") or in
+# TensorFlow 2.20's own ("2026-11-27 02:56:09.694922: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:31] ..."),
+# or absl's notice.
+TF_LOG_LINE = re.compile(r"^([IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] |[\d-]+ [\d:.]+: [IWEF] \S+:\d+\] "
+                         r"|WARNING: All log messages before absl)", re.M)
 # The first import of TensorFlow goes through tfgen (the lazy name), then an op starts the devices (cuInit).
 FIRST_IMPORT = ("import tfgen; tfgen.TFGenerationMixin; import tensorflow as tf; tf.constant(1) + 1; "
                 "import os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))")

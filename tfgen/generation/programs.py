@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tfgen.decoding.loop import generate_all, generate_chunk, state_specs
 from tfgen.decoding.strategies import make_loop
-from tfgen.generation import compile_cache
+from tfgen.generation import compile_cache, tf_startup
 from tfgen.request.prepare import Request
 
 logger = logging.getLogger(__name__)
@@ -211,7 +211,8 @@ def announce_compile(request: Request, compiling: bool, what: str = "generate"):
         _with_bucket("{} new tokens", request.max_new_tokens, request.spec.buffer_new_tokens),
     )
     began = time.perf_counter()
-    yield
+    with tf_startup.first_compile_quiet(tf.__version__):
+        yield
     logger.info("compiled %s in %.1f s", what, time.perf_counter() - began)
 
 

@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 
 #: The level tfgen uses when the user set none: only lines of errors that end the process.
 QUIET_LEVEL = 3
@@ -86,6 +87,33 @@ def tf_lines_below_dropped(min_level: int):
             if text and sys.stderr is not None:
                 sys.stderr.write(text)
                 sys.stderr.flush()
+
+
+# TensorFlow before 2.21 logs "Compiled cluster using XLA!" (INFO) at a process's first XLA compile through absl before
+# absl's logging is set up, which prints it whatever `TF_CPP_MIN_LOG_LEVEL` says (2.21 holds it to the level).
+_FIRST_COMPILE = threading.Lock()
+_first_compile_pending = True
+
+
+@contextlib.contextmanager
+def first_compile_quiet(tf_version: str):
+    """Runs the block (a compiled program's first call) with the TensorFlow log lines below `min_log_level()` dropped
+    from descriptor 2 (`tf_lines_below_dropped`) when it is the process's first such block and `tf_version` is
+    older than 2.21; else as it is."""
+    global _first_compile_pending
+    with _FIRST_COMPILE:
+        needed, _first_compile_pending = _first_compile_pending and _older_than_2_21(tf_version), False
+    if not needed:
+        yield
+        return
+    with tf_lines_below_dropped(min_log_level()):
+        yield
+
+
+def _older_than_2_21(version: str) -> bool:
+    """Whether a TensorFlow version string ("2.20.0", "2.20.0-rc1") names a release before 2.21."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return bool(found) and (int(found[1]), int(found[2])) < (2, 21)
 
 
 def without_tf_lines_below(text: str, min_level: int) -> str:
