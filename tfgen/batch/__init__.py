@@ -38,6 +38,7 @@ _EXPORTS = {
     "ON_ERROR": "tfgen.batch.options",
     "WINDOW_GROUPS": "tfgen.batch.options",
     "WINDOW_SPLITS": "tfgen.batch.options",
+    "WorkerLost": "tfgen.batch.distribute",
     "batch_generate": "tfgen.batch.job",
     "make_strategy": "tfgen.batch.distribute",
     "row_seeds": "tfgen.batch.planning",
