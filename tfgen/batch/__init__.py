@@ -14,8 +14,8 @@ TFRecord and in-memory prompts), `rows` (row checks, bad rows, the prompt table)
 their chat-template rendering), `rowoptions` (per-row options, honoured or refused by name), `planning` (row
 seeds, windows, groups, steps), `runner` (groups on replicas through generate()'s compiled programs), `jobfiles`
 (the resumable output and its manifest), `rowdigests` (the digests that vouch for the output's rows), `joblock` (the
-lock that keeps a second run off an output), `distribute` (strategies by name), `job` (`batch_generate`,
-`run_batch_job`).
+lock that keeps a second run off an output), `distribute` (strategies by name, a lost worker as `WorkerLost`),
+`job` (`batch_generate`, `run_batch_job`).
 
 The names below load on first use, so importing a TensorFlow-free module (`tfgen.batch.options`, as
 `tfgen batch --help` does) does not import TensorFlow.
@@ -38,6 +38,7 @@ _EXPORTS = {
     "ON_ERROR": "tfgen.batch.options",
     "WINDOW_GROUPS": "tfgen.batch.options",
     "WINDOW_SPLITS": "tfgen.batch.options",
+    "WorkerLost": "tfgen.batch.distribute",
     "batch_generate": "tfgen.batch.job",
     "make_strategy": "tfgen.batch.distribute",
     "row_seeds": "tfgen.batch.planning",

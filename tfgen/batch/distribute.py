@@ -1,8 +1,9 @@
-"""`tf.distribute` for batch jobs: strategies by name (with detection), and the workers' agreement on where a
-resumed job starts."""
+"""`tf.distribute` for batch jobs: strategies by name (with detection), the workers' agreement on where a
+resumed job starts, and a lost worker as one clear error."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -37,6 +38,43 @@ def make_strategy(name: str = "auto", tpu: str = "local") -> tf.distribute.Strat
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
+class WorkerLost(ConnectionError):
+    """A multi-worker job's collective failed because another worker died, hung or became unreachable (TensorFlow
+    aborts the collectives of every worker when a peer's connection is reset or its heartbeats stop). Nothing
+    more can be generated in this run; what the chief committed stays, and the job resumes when every worker is
+    started again with the same arguments. The `tfgen` command prints the message and exits with status 1."""
+
+    exit_status = 1
+
+
+# The errors a collective raises when a peer is gone: connection reset or refused (Unavailable), heartbeats
+# stopped (Unavailable), a peer restarted under the same address (FailedPrecondition), a deadline or abort.
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.FailedPreconditionError,
+)
+
+
+@contextlib.contextmanager
+def peers_checked(strategy: tf.distribute.Strategy):
+    """Turns a collective's failure on a strategy of several workers into `WorkerLost` (one line, TensorFlow's
+    own first line kept), instead of a traceback; other errors, and every error on one worker, pass unchanged."""
+    try:
+        yield
+    except _PEER_ERRORS as error:
+        if _worker_count(strategy) == 1:
+            raise
+        first_line = (error.message or type(error).__name__).strip().splitlines()[0]
+        raise WorkerLost(
+            f"a worker of this {_worker_count(strategy)}-worker job failed or became unreachable "
+            f"(TensorFlow: {type(error).__name__}: {first_line}); restart every worker with the same arguments "
+            "to resume the job"
+        ) from None
+
+
 def _detect_strategy() -> str:
     """The name "auto" stands for on this machine (see `make_strategy`)."""
     cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
@@ -67,9 +105,10 @@ def agree_on_start(strategy: tf.distribute.Strategy, written: int | None) -> int
         value = -1 if written is None else written
     else:
         value = -2  # no say: the maximum over all replicas is the chief's value
-    votes = strategy.gather(
-        strategy.experimental_distribute_values_from_function(lambda _: tf.constant([value], tf.int64)), axis=0
-    )
+    with peers_checked(strategy):
+        votes = strategy.gather(
+            strategy.experimental_distribute_values_from_function(lambda _: tf.constant([value], tf.int64)), axis=0
+        )
     agreed = int(tf.reduce_max(votes))
     if agreed < 0:
         raise ValueError("the chief worker could not open the output (see its log); nothing was generated.")

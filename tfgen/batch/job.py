@@ -13,7 +13,7 @@ import time
 import tensorflow as tf
 from tqdm import tqdm
 
-from tfgen.batch.distribute import agree_on_start
+from tfgen.batch.distribute import WorkerLost, agree_on_start
 from tfgen.batch.inputs import input_records, prompt_records
 from tfgen.batch.jobfiles import JobFiles
 from tfgen.batch.joblock import OutputLock
@@ -150,7 +150,9 @@ def run_batch_job(
     ValueError naming the first's pid and host. A finished job records its output's row count and sha256; a run
     that finds the output truncated or changed raises ValueError instead of calling the job done. On several
     workers (MultiWorkerMirroredStrategy) every worker runs this with the same arguments; only the chief writes.
-    Ctrl-C raises `JobInterrupted` (a KeyboardInterrupt) after releasing the lock; the job resumes when rerun.
+    Ctrl-C raises `JobInterrupted` (a KeyboardInterrupt) after releasing the lock; the job resumes when rerun. A
+    worker that dies or hangs makes the others raise `tfgen.batch.distribute.WorkerLost` (a ConnectionError) within
+    seconds (TensorFlow aborts their collectives); restarting every worker resumes the job.
 
     on_error: "stop" raises ValueError naming every bad row (line number and reason) before generating;
     "skip" leaves them out, logs them (a warning) and writes them to `<output>.skipped.jsonl`.
@@ -175,6 +177,10 @@ def run_batch_job(
         written, new_tokens, seconds, cut = _run_job(runner, table, bad, settings, files, progress, progress_stream)
     except KeyboardInterrupt:
         raise JobInterrupted(files.output, files.rows_written, len(table)) from None
+    except WorkerLost as lost:
+        if files.rows_written is None:  # a worker that does not write
+            raise
+        raise WorkerLost(f"{lost} ({files.rows_written} of {len(table)} rows are saved in {files.partial})") from None
     finally:
         files.close()  # the lock goes, whatever happened; what was written stays for the next run
     return BatchJobResult(

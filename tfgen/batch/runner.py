@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.batch.chatrows import check_template_kwargs
+from tfgen.batch.distribute import peers_checked
 from tfgen.batch.planning import Group, check_job_seed, default_window, plan_window, row_seeds, steps, windows
 from tfgen.batch.rowoptions import over_budget
 from tfgen.batch.rows import BadRow, PromptTable, RowRules, record_byte_limit
@@ -244,7 +245,9 @@ class BatchRunner:
         for start, stop in windows(len(table), self.window, first_row):
             generated: list = [None] * (stop - start)
             for step in steps(plan_window(lengths, start, stop, self.batch_size, self.buckets), self.replicas):
-                for group, outputs in zip(step, self._run_step(table, step)):
+                with peers_checked(self.strategy):
+                    step_outputs = self._run_step(table, step)
+                for group, outputs in zip(step, step_outputs):
                     for row, row_output in zip(group.rows if group is not None else (), outputs):
                         generated[row - start] = row_output
             yield start, self._records(table, start, generated)
