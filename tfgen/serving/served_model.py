@@ -194,6 +194,9 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
                            "text: %s", served.version, served.name, tokenizer_dir, error)
     if batching is not None:
         attach_engine(served, warm=warmup, **batching)
+    # Loading and the first compiles free much (the restore's buffers, the compilers' working memory) that glibc
+    # would keep: ~0.1 GB after loading SmolLM2-135M's export, ~0.4 GB after its warm-up and engine.
+    release_memory()
     return served
 
 
