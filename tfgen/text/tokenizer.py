@@ -173,11 +173,20 @@ class Tokenizer(BaseTokenizer):
         chat_templates.write_chat_template(directory, self.chat_template)
 
     def in_graph(self, vocab_size: int):
-        """The exported `generate_text` signature's tokenizer: byte-level BPE as TF ops (GPT-2 style files only)."""
+        """The exported `generate_text` signature's tokenizer: byte-level BPE as TF ops (`tfgen.text.in_graph`)."""
         # Imported here, not at the top: it loads TensorFlow, which tokenizing never needs.
         from tfgen.text.in_graph import BytePairInGraphTokenizer
 
         return BytePairInGraphTokenizer(self, vocab_size)
+
+    def in_graph_problem(self) -> str | None:
+        from tfgen.text.byte_level_spec import byte_level_spec
+
+        try:
+            byte_level_spec(json.loads(self._tokenizer.to_str()))
+        except ValueError as error:
+            return f"the tokenizer has no exact in-graph form for: {error}"
+        return None
 
 
 def _prepared_backend(backend: tokenizers.Tokenizer, special_tokens: Iterable[str]) -> tokenizers.Tokenizer:
