@@ -1,9 +1,9 @@
 """In-graph byte-level BPE tokenizers (`tfgen.text.split_graph`, `tfgen.text.in_graph`): RE2 splits equal HF
 `tokenizers`' (Oniguruma) on a varied corpus, ids equal the host tokenizer's (itself equal to HF's, see
 tests/test_gguf_tokenizer.py) for SmolLM2's real vocabulary and for the smollm / llama-bpe / qwen2 / gpt-2 / default
-pre-tokenizers, and `tfgen export` of a GGUF file with the smollm pre-tokenizer answers `generate_text` like
-in-process generation; tokenizers without an exact in-graph form are refused, and the export leaves the text
-signatures out saying why."""
+pre-tokenizers and for SentencePiece-style BPE with byte fallback (`tfgen.text.sentencepiece_graph`), and `tfgen
+export` of a GGUF file with the smollm pre-tokenizer answers `generate_text` like in-process generation; tokenizers
+without an exact in-graph form are refused, and the export leaves the text signatures out saying why."""
 
 from __future__ import annotations
 
@@ -93,24 +93,39 @@ def test_regexes_without_an_exact_re2_form_are_refused(pattern, construct):
         in_graph_split(pattern)
 
 
-def test_sentencepiece_tokenizer_is_refused_and_the_export_leaves_text_out(tmp_path, caplog, monkeypatch):
+def test_sentencepiece_in_graph_ids_and_text_equal_the_host_tokenizer(tmp_path):
+    # Llama 2 style: score-ranked BPE, byte fallback (the tiny vocabulary lacks most characters), "▁" for spaces, a
+    # "▁" after every special token, bos added.
+    tokenizer = AutoTokenizer.from_pretrained(_file(tmp_path, None, tokenizer="llama", add_bos=None))
+    texts = CORPUS + ["<s>inline</s> special<unk>", "x" * 40]
+    in_graph = tokenizer.in_graph(tokenizer.vocab_size)
+    for text, ids in zip(texts, in_graph.tokenize(tf.constant(texts)).to_list()):
+        assert ids == tokenizer.encode(text), text
+    rows = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    # What generate_text's decoding does: special ids dropped, the rest detokenized.
+    kept = [[token for token in row if token not in in_graph.special_ids] for row in rows]
+    decoded = in_graph.layer.detokenize(tf.ragged.constant(kept, tf.int32)).numpy()
+    assert [text.decode() for text in decoded] == tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+def test_a_tokenizer_without_an_in_graph_form_is_refused_and_the_export_leaves_text_out(model_dir, tmp_path,
+                                                                                        caplog, monkeypatch):
     import tfgen.export
     from tfgen.cli import main
 
-    path = _file(tmp_path, None, tokenizer="llama", add_bos=None)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    assert "SentencePiece" in tokenizer.in_graph_problem()
-    with pytest.raises(ValueError, match="no exact in-graph form for: SentencePiece-style BPE"):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # word-level
+    assert "model type 'WordLevel'" in tokenizer.in_graph_problem()
+    with pytest.raises(ValueError, match="no exact in-graph form for: model type 'WordLevel'"):
         tokenizer.in_graph(10_000)
     # Asked for by name: refused in one line; by default: exported without it, saying why.
-    assert main(["export", "--model", str(path), str(tmp_path / "named"), "--signatures", "generate_text"]) == 2
+    assert main(["export", "--model", model_dir, str(tmp_path / "named"), "--signatures", "generate_text"]) == 2
     exported = {}
     # Writing every signature takes long; what matters is what the command asks the exporter for.
     monkeypatch.setattr(tfgen.export, "export_saved_model",
                         lambda model, out, **options: exported.update(options) or out)
     with caplog.at_level(logging.WARNING, logger="tfgen"):
-        assert main(["export", "--model", str(path), str(tmp_path / "out")]) == 0
-    assert "no generate_text signature" in caplog.text and "SentencePiece" in caplog.text
+        assert main(["export", "--model", model_dir, str(tmp_path / "out")]) == 0
+    assert "no generate_text signature" in caplog.text and "WordLevel" in caplog.text
     assert exported["text"] is False and exported["tokenizer"] is not None and exported["signatures"] is None
 
 

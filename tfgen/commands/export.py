@@ -25,8 +25,8 @@ def add_parser(subparsers) -> None:
         help="export generate() as a TF Serving SavedModel (OUT_DIR/<version>/)",
         description="Writes OUT_DIR/<version>/ with the signatures "
         + ", ".join(SIGNATURES)
-        + " (generate_text when the model has a byte-level BPE tokenizer with an exact in-graph form: GPT-2, SmolLM2, "
-        "Llama 3, Qwen2; else it is left out, saying why). See docs/serving.md.",
+        + " (generate_text when the model's tokenizer has an exact in-graph form: byte-level BPE as GPT-2, SmolLM2, "
+        "Llama 3, Qwen2; SentencePiece BPE as Llama 2; else it is left out, saying why). See docs/serving.md.",
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="model base folder (TF Serving's --model_base_path)")
     add_model_argument(parser)

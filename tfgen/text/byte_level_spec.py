@@ -36,11 +36,6 @@ class ByteLevelSpec:
     prefix_ids: tuple[int, ...] = ()
     suffix_ids: tuple[int, ...] = ()
 
-    @property
-    def added_pattern(self) -> str | None:
-        """RE2 alternation of the added tokens, longest first (so a match is the longest one, as HF's is)."""
-        return "|".join(literal(token) for token in sorted(self.added, key=len, reverse=True)) or None
-
 
 def byte_level_spec(definition: dict) -> ByteLevelSpec:
     """The spec of a parsed `tokenizer.json`; `ValueError` listing what has no exact in-graph form."""
@@ -56,7 +51,7 @@ def byte_level_spec(definition: dict) -> ByteLevelSpec:
             problems.append(f"BPE {option}")
     nfc = _normalizer(definition.get("normalizer"), problems)
     splits = _pre_tokenizer_splits(definition.get("pre_tokenizer"), problems)
-    prefix, suffix = _post_processor(definition.get("post_processor"), problems)
+    prefix, suffix = post_processor_ids(definition.get("post_processor"), problems)
     if (definition.get("decoder") or {}).get("type") != "ByteLevel":
         problems.append(f"decoder {(definition.get('decoder') or {}).get('type')!r} (ByteLevel only)")
     added_tokens = definition.get("added_tokens") or []
@@ -118,14 +113,15 @@ def _pre_tokenizer_splits(pre_tokenizer: dict | None, problems: list[str]) -> li
     return splits
 
 
-def _post_processor(processor: dict | None, problems: list[str]) -> tuple[list[int], list[int]]:
-    """Ids put before and after the tokens of one text: a TemplateProcessing's special tokens around `$A`."""
+def post_processor_ids(processor: dict | None, problems: list[str]) -> tuple[list[int], list[int]]:
+    """Ids put before and after the tokens of one text: a TemplateProcessing's special tokens around `$A`
+    (what has no such form is added to `problems`)."""
     if processor is None or processor.get("type") == "ByteLevel":
         return [], []
     if processor.get("type") == "Sequence":
         prefix, suffix = [], []
         for inner in processor.get("processors", []):
-            before, after = _post_processor(inner, problems)
+            before, after = post_processor_ids(inner, problems)
             prefix, suffix = prefix + before, after + suffix
         return prefix, suffix
     if processor.get("type") != "TemplateProcessing":

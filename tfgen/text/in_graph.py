@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.text.byte_level_spec import byte_level_spec, byte_level_text
-from tfgen.text.split_graph import replace_rows, split_rows
+from tfgen.text.split_graph import literal, replace_rows, split_rows
 
 
 class InGraphTokenizer:
@@ -29,6 +29,36 @@ class InGraphTokenizer:
     def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
         """int32 ids `[B, (T)]` of string `[B]` text, special tokens included."""
         return self.layer.tokenize(text)
+
+    def _around_added_tokens(self, text: tf.Tensor, encode_parts) -> tf.RaggedTensor:
+        """int32 ids `[B, (T)]` of string `[B]` text: the added tokens (`self.added_pattern`, `self.added_ids`)
+        matched first, as HF does, `encode_parts` (string `[P]` -> ids `[P, (T)]`) on the text between them, and
+        `self.prefix_ids` / `self.suffix_ids` (the post-processor's bos / eos) around."""
+        texts = tf.reshape(text, [-1])
+        if self.added_pattern is None:
+            parts = tf.RaggedTensor.from_tensor(texts[:, None])
+        else:
+            parts = split_rows(texts, self.added_pattern, None)
+        flat = parts.flat_values
+        per_part = encode_parts(flat)
+        if self.added_ids is not None:
+            added = self.added_ids.lookup(flat)
+            per_part = replace_rows(per_part, added >= 0, added)
+        tokens = tf.RaggedTensor.from_row_splits(per_part.flat_values,
+                                                 tf.gather(per_part.row_splits, parts.row_splits))
+        if not self.prefix_ids and not self.suffix_ids:
+            return tokens
+        rows = tf.shape(texts, out_type=tf.int64)[0]
+        around = [tf.RaggedTensor.from_tensor(tf.tile(tf.constant([list(ids)], tf.int32), [rows, 1]))
+                  for ids in (self.prefix_ids, self.suffix_ids)]
+        return tf.concat([around[0], tokens, around[1]], axis=1)
+
+    def _added_token_table(self, added: dict[str, int]) -> None:
+        """Sets `added_pattern` (longest first, so a match is the longest, as HF's) and `added_ids` for `added`."""
+        self.added_pattern = "|".join(literal(token) for token in sorted(added, key=len, reverse=True)) or None
+        self.added_ids = None if not added else tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(list(added), list(added.values()), tf.string, tf.int32), -1)
+        self.layer.added_ids = self.added_ids  # tracked with the layer, so the export saves the table
 
     def encode(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Left-padded int32 `[B, T]` ids and mask for string `[B]` text."""
@@ -82,38 +112,23 @@ class BytePairInGraphTokenizer(InGraphTokenizer):
             pieces = {byte_level_text(token): token for token in spec.vocabulary if token not in spec.added}
             pieces.pop(None, None)
             self.layer.cache.insert(tf.constant(list(pieces)), tf.constant(list(pieces.values())))
-        self.added_ids = None if not spec.added else tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(list(spec.added), list(spec.added.values()), tf.string, tf.int32), -1)
-        self.layer.added_ids = self.added_ids  # tracked with the layer, so the export saves the table
+        self._added_token_table(spec.added)
+        self.prefix_ids, self.suffix_ids = spec.prefix_ids, spec.suffix_ids
         self.special_ids = np.array(spec.special_ids or [-1], np.int32)
         self.pad_token_id = tokenizer.pad_token_id or 0
 
     def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
         """int32 ids `[B, (T)]` of string `[B]` text: added tokens, then BPE of the pre-tokenizer's pieces, between
         the post-processor's ids."""
-        spec = self.spec
-        texts = tf.reshape(text, [-1])
-        if spec.added_pattern is None:
-            parts = tf.RaggedTensor.from_tensor(texts[:, None])
-        else:
-            parts = split_rows(texts, spec.added_pattern, None)
-        flat = parts.flat_values
-        pieces = tf_text_normalize(flat) if spec.nfc else flat
-        pieces = tf.RaggedTensor.from_tensor(pieces[:, None])
-        for pattern, cut in spec.splits:
-            split = split_rows(pieces.flat_values, pattern, cut)
-            pieces = pieces.with_flat_values(split).merge_dims(1, 2)
+        return self._around_added_tokens(text, self._encode_parts)
+
+    def _encode_parts(self, parts: tf.Tensor) -> tf.RaggedTensor:
+        """int32 ids `[P, (T)]` of text parts `[P]` holding no added token."""
+        pieces = tf.RaggedTensor.from_tensor((tf_text_normalize(parts) if self.spec.nfc else parts)[:, None])
+        for pattern, cut in self.spec.splits:
+            pieces = pieces.with_flat_values(split_rows(pieces.flat_values, pattern, cut)).merge_dims(1, 2)
         ids = self.layer.piece_ids(pieces.flat_values)
-        per_part = tf.RaggedTensor.from_row_splits(ids.flat_values, tf.gather(ids.row_splits, pieces.row_splits))
-        if self.added_ids is not None:
-            added = self.added_ids.lookup(flat)
-            per_part = replace_rows(per_part, added >= 0, added)
-        tokens = tf.RaggedTensor.from_row_splits(per_part.flat_values,
-                                                 tf.gather(per_part.row_splits, parts.row_splits))
-        rows = tf.shape(texts, out_type=tf.int64)[0]
-        around = [tf.RaggedTensor.from_tensor(tf.tile(tf.constant([list(ids)], tf.int32), [rows, 1]))
-                  for ids in (spec.prefix_ids, spec.suffix_ids)]
-        return tf.concat([around[0], tokens, around[1]], axis=1) if spec.prefix_ids or spec.suffix_ids else tokens
+        return tf.RaggedTensor.from_row_splits(ids.flat_values, tf.gather(ids.row_splits, pieces.row_splits))
 
 
 def _merging_layer(keras_hub):
