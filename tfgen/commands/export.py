@@ -25,7 +25,8 @@ def add_parser(subparsers) -> None:
         help="export generate() as a TF Serving SavedModel (OUT_DIR/<version>/)",
         description="Writes OUT_DIR/<version>/ with the signatures "
         + ", ".join(SIGNATURES)
-        + " (generate_text when the model folder has a byte-level BPE tokenizer). See docs/serving.md.",
+        + " (generate_text when the model's tokenizer has an exact in-graph form: byte-level BPE as GPT-2, SmolLM2, "
+        "Llama 3, Qwen2; SentencePiece BPE as Llama 2; else it is left out, saying why). See docs/serving.md.",
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="model base folder (TF Serving's --model_base_path)")
     add_model_argument(parser)
@@ -162,6 +163,11 @@ def export_model(
     if tokenizer is None and has_tokenizer:
         # Without generate_text too: the export carries the tokenizer and chat template (assets.extra/tokenizer/).
         tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer is not None and text and signatures is None:
+        problem = tokenizer.in_graph_problem()
+        if problem is not None:  # asked for by name (--signatures), the export refuses it instead
+            logger.warning("no generate_text signature (text_tokenize / text_detokenize neither): %s", problem)
+            text = False
     if stop_strings:
         options["stop_strings"] = stop_strings
     try:

@@ -25,20 +25,12 @@ from tokenizers import decoders, normalizers, pre_tokenizers, processors
 from tfgen.gguf import load_cache
 from tfgen.gguf.config import context_length, token_ids
 from tfgen.gguf.files import GGUFFile, open_gguf
+from tfgen.text.split_patterns import GPT2_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT
 from tfgen.text.tokenizer import Tokenizer
 
 # gguf's TokenType values.
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
-
-# GPT-2's split: contractions, letters, digits and other symbols each with one leading space, and runs of spaces.
-GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-# Llama 3 / Qwen2: case-insensitive contractions, a word with at most one leading non-letter, numbers of 1-3 digits
-# (Qwen2: single digits), symbols with one leading space and their trailing newlines, then newline and space runs.
-_WORDS_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}%s| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_SPLIT = _WORDS_SPLIT % "{1,3}"
-QWEN2_SPLIT = _WORDS_SPLIT % ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ _SENTENCEPIECE_SPACE = "▁"
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _byte_level_alphabet() -> dict[str, int]:
+def byte_level_alphabet() -> dict[str, int]:
     """GPT-2's printable character for each byte, inverted: {character: byte}."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))
@@ -58,7 +58,7 @@ def token_bytes(tokenizer) -> dict[int, bytes]:
         return _decoded_token_bytes(tokenizer)
     decoder_types = _decoder_types(json.loads(backend.to_str()).get("decoder"))
     control_ids = set(backend.get_added_tokens_decoder())
-    alphabet = _byte_level_alphabet() if "ByteLevel" in decoder_types else None
+    alphabet = byte_level_alphabet() if "ByteLevel" in decoder_types else None
     spelled = {}
     for piece, token_id in backend.get_vocab(with_added_tokens=False).items():
         if token_id in control_ids:

@@ -173,11 +173,31 @@ class Tokenizer(BaseTokenizer):
         chat_templates.write_chat_template(directory, self.chat_template)
 
     def in_graph(self, vocab_size: int):
-        """The exported `generate_text` signature's tokenizer: byte-level BPE as TF ops (GPT-2 style files only)."""
-        # Imported here, not at the top: it loads TensorFlow, which tokenizing never needs.
+        """The exported `generate_text` signature's tokenizer as TF ops: byte-level BPE (`tfgen.text.in_graph`) or
+        SentencePiece-style BPE with byte fallback (`tfgen.text.sentencepiece_graph`)."""
+        # Imported here, not at the top: they load TensorFlow, which tokenizing never needs.
+        definition = json.loads(self._tokenizer.to_str())
+        if (definition.get("model") or {}).get("byte_fallback"):
+            from tfgen.text.sentencepiece_graph import SentencePieceInGraphTokenizer
+
+            return SentencePieceInGraphTokenizer(self, definition, vocab_size)
         from tfgen.text.in_graph import BytePairInGraphTokenizer
 
         return BytePairInGraphTokenizer(self, vocab_size)
+
+    def in_graph_problem(self) -> str | None:
+        from tfgen.text.byte_level_spec import byte_level_spec
+        from tfgen.text.sentencepiece_graph import sentencepiece_problem
+
+        definition = json.loads(self._tokenizer.to_str())
+        if (definition.get("model") or {}).get("byte_fallback"):
+            problem = sentencepiece_problem(definition)
+            return None if problem is None else f"the tokenizer has no exact in-graph form for: {problem}"
+        try:
+            byte_level_spec(definition)
+        except ValueError as error:
+            return f"the tokenizer has no exact in-graph form for: {error}"
+        return None
 
 
 def _prepared_backend(backend: tokenizers.Tokenizer, special_tokens: Iterable[str]) -> tokenizers.Tokenizer:

@@ -137,6 +137,11 @@ class BaseTokenizer:
         signature of a model with `vocab_size` ids; ValueError when it cannot run in a graph."""
         raise NotImplementedError
 
+    def in_graph_problem(self) -> str | None:
+        """Why `in_graph` would refuse this tokenizer (one line), found without building it; None when it would
+        not."""
+        return None
+
     def __call__(
         self,
         text: str | Sequence[str],
