@@ -16,6 +16,8 @@ import tensorflow as tf
 # under XLA; tensor_scatter_nd_update works but measured ~3x slower per decode step).
 from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
 
+from tfgen.models.quantize import QuantizedKernel, quantized_matmul
+
 # HF activation names (config `activation_function` / `hidden_act`).
 ACTIVATIONS = {
     "gelu_new": functools.partial(tf.nn.gelu, approximate=True),
@@ -133,8 +135,12 @@ def apply_rotary(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
 
 
 def dense(x: tf.Tensor, kernel, bias=None) -> tf.Tensor:
-    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`; no bias when None)."""
-    y = tf.matmul(x, tf.cast(kernel, x.dtype))
+    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`, or a `QuantizedKernel`: see
+    `tfgen.models.quantize.quantized_matmul`; no bias when None)."""
+    if isinstance(kernel, QuantizedKernel):
+        y = quantized_matmul(x, kernel)
+    else:
+        y = tf.matmul(x, tf.cast(kernel, x.dtype))
     return y if bias is None else y + tf.cast(bias, x.dtype)
 
 
