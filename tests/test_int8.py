@@ -220,3 +220,18 @@ def test_cli_refuses_an_unknown_quantize_mode(capsys):
     assert main(["generate", "hello", "--quantize", "int4"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--quantize" in error[0] and "int4" in error[0]
+
+
+def test_gpt2_int8_matches_its_dequantized_float_model(tiny_checkpoint):
+    directory = tiny_checkpoint[0]
+    int8 = AutoModelForCausalLM.from_pretrained(directory, quantize="int8")
+    assert int8.wte.values.dtype == "int8" and int8.blocks[0].c_attn[0].values.dtype == "int8"
+    dequantized = AutoModelForCausalLM.from_pretrained(directory)
+    dequantized.load_hf_state_dict(int8.hf_state_dict())
+    prompt = PROMPTS[:1] % 97
+    # One row (one token): weight-only, the float model holding the dequantized weights up to float rounding.
+    _close(int8(prompt[:, :1]).logits.numpy(), dequantized(prompt[:, :1]).logits.numpy(), 1e-5)
+    # Several rows: W8A8, within the activations' rounding of it.
+    several, reference = int8(prompt).logits.numpy(), dequantized(prompt).logits.numpy()
+    _close(several, reference, 0.05)
+    assert np.abs(several - reference).max() > 1e-4 * np.abs(reference).max()

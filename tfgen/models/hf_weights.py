@@ -73,8 +73,8 @@ class HFWeights:
 
     def _add_quantized(self, name: str, shape, channel_axis: int) -> QuantizedKernel:
         """An int8 `shape` weight with a float32 scale per slice along `channel_axis` (filled by the checkpoint;
-        random int8 values and unit scales otherwise, a model to test with)."""
-        initializer = _unfilled if _LOADING[0] else keras.initializers.RandomUniform(-127, 127)
+        zeros otherwise: a quantized model is always loaded from one)."""
+        initializer = _unfilled if _LOADING[0] else "zeros"
         values = self.layer.add_weight(shape=shape, initializer=initializer, name=name.replace(".", "_"),
                                        dtype="int8", trainable=False, autocast=False)
         scale = self.layer.add_weight(shape=(shape[channel_axis],), initializer=keras.initializers.Constant(0.01),

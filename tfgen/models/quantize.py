@@ -24,6 +24,8 @@ import tensorflow as tf
 
 # The int8 range used: symmetric, so that -x quantizes to -q (-128 is never produced).
 _LEVELS = 127.0
+#: Inputs per activation scale in a W8A8 matmul (None: one scale per row).
+ACTIVATION_GROUP = None
 
 
 class QuantizedArray(NamedTuple):
@@ -95,17 +97,40 @@ def quantized_matmul(x: tf.Tensor, kernel: QuantizedKernel, transpose_b: bool = 
 
 
 def _w8a8(x: tf.Tensor, kernel: QuantizedKernel, transpose_b: bool) -> tf.Tensor:
-    """W8A8: `x`'s rows quantized to int8 by their own abs-max, an int32-accumulating int8 dot, then the row and the
-    channel scales."""
+    """W8A8: `x`'s rows quantized to int8 by their own abs-max (per group of `ACTIVATION_GROUP` inputs when the
+    input width divides into them), int32-accumulating int8 dots, then the activation and the channel scales."""
     shape = tf.shape(x)
-    rows = tf.reshape(tf.cast(x, tf.float32), [-1, shape[-1]])
-    peak = tf.reduce_max(tf.abs(rows), axis=1, keepdims=True)
-    row_scale = tf.where(peak > 0, peak / _LEVELS, tf.ones_like(peak))
-    # |rows / row_scale| <= 127 by construction: no clip needed before the cast.
-    quantized = tf.cast(tf.round(rows / row_scale), tf.int8)
-    accumulated = tf.linalg.matmul(quantized, kernel.values, transpose_b=transpose_b, output_type=tf.int32)
-    y = tf.cast(accumulated, tf.float32) * row_scale * kernel.scale
+    width = x.shape[-1]
+    rows = tf.reshape(tf.cast(x, tf.float32), [-1, width])
+    group = ACTIVATION_GROUP if ACTIVATION_GROUP and width % ACTIVATION_GROUP == 0 and not transpose_b else None
+    if group is None:
+        quantized, row_scale = _quantize_rows(rows)
+        accumulated = tf.linalg.matmul(quantized, kernel.values, transpose_b=transpose_b, output_type=tf.int32)
+        y = tf.cast(accumulated, tf.float32) * row_scale
+    else:
+        groups = width // group
+        quantized, row_scale = _quantize_rows(tf.transpose(tf.reshape(rows, [-1, groups, group]), [1, 0, 2]))
+        values = tf.reshape(kernel.values, [groups, group, -1])
+        accumulated = tf.linalg.matmul(quantized, values, output_type=tf.int32)  # [groups, rows, out]
+        y = tf.reduce_sum(tf.cast(accumulated, tf.float32) * row_scale, axis=0)
+    y = y * kernel.scale
     return tf.cast(tf.reshape(y, tf.concat([shape[:-1], tf.shape(y)[-1:]], 0)), x.dtype)
+
+
+def _quantize_rows(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(int8 `rows`, float32 scales `[..., 1]`): each row of `rows` `[..., width]` over its abs-max / 127."""
+    peak = tf.reduce_max(tf.abs(rows), axis=-1, keepdims=True)
+    scale = tf.where(peak > 0, peak / _LEVELS, tf.ones_like(peak))
+    # |rows / scale| <= 127 by construction: no clip needed before the cast.
+    return tf.cast(tf.round(rows / scale), tf.int8), scale
+
+
+def embedding_rows(table, ids: tf.Tensor) -> tf.Tensor:
+    """The rows `ids` (int `[...]`) of a `[vocab, D]` embedding `table` (a variable or a `QuantizedKernel` whose
+    channels are its rows), `[..., D]`: a quantized table's int8 rows times their scales, in float32."""
+    if not isinstance(table, QuantizedKernel):
+        return tf.gather(table, ids)
+    return tf.cast(tf.gather(table.values, ids), tf.float32) * tf.gather(table.scale, ids)[..., tf.newaxis]
 
 
 def embedding_columns(table, ids: tf.Tensor) -> tf.Tensor:
