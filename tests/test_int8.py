@@ -15,9 +15,11 @@ from tfgen import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from tfgen.models.llama import LlamaConfig
 from tfgen.models.quantize import QuantizedKernel, quantize_array, quantized_matmul
 
-TINY_LLAMA = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=True,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# Widths of 2 and 3 activation groups (tfgen.models.quantize.ACTIVATION_GROUP = 64) and one that is not a multiple
+# of them (the attention output, 4 heads of 24: one scale per row).
+TINY_LLAMA = dict(vocab_size=101, hidden_size=128, intermediate_size=192, head_dim=24, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3,
+                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 PROMPTS = np.array([[1, 5, 17, 33, 9], [1, 60, 7, 81, 44]], np.int32)
 NEW_TOKENS = 8
 
@@ -47,14 +49,18 @@ def _kernel(kernel: QuantizedKernel):
 
 
 def _dense(x, kernel, w8a8):
-    """x `[T, in]` float64 through the int8 kernel: W8A8 on rows where `w8a8` `[T]` holds, weight-only elsewhere."""
+    """x `[T, in]` float64 through the int8 kernel: W8A8 on rows where `w8a8` `[T]` holds (activation scales per
+    group of 64 inputs when `in` divides into them, else per row), weight-only elsewhere."""
     values, scale = _kernel(kernel)
     weight_only = (x @ values) * scale
-    peak = np.abs(x).max(axis=1, keepdims=True)
-    row_scale = np.where(peak > 0, peak / 127.0, 1.0)
-    quantized = np.rint(x / row_scale)
-    both = (quantized @ values) * row_scale * scale
-    return np.where(np.asarray(w8a8)[:, None], both, weight_only)
+    group = 64 if x.shape[1] % 64 == 0 else x.shape[1]
+    both = 0
+    for start in range(0, x.shape[1], group):
+        part = x[:, start:start + group]
+        peak = np.abs(part).max(axis=1, keepdims=True)
+        row_scale = np.where(peak > 0, peak / 127.0, 1.0)
+        both = both + (np.rint(part / row_scale) @ values[start:start + group]) * row_scale
+    return np.where(np.asarray(w8a8)[:, None], both * scale, weight_only)
 
 
 def _rms(x, weight, eps):
@@ -135,13 +141,15 @@ def test_int8_model_holds_int8_weights_and_a_quarter_of_the_bytes(llama_dir, int
     assert np.all(error <= kernel.scale.numpy() / 2 + 1e-6)
 
 
-def test_matmul_forms_by_rows():
+@pytest.mark.parametrize("width", [48, 128])  # one activation scale per row; two groups of 64
+def test_matmul_forms_by_rows(width):
     rng = np.random.default_rng(0)
-    weights = rng.standard_normal((48, 24)).astype(np.float32)
+    weights = rng.standard_normal((width, 24)).astype(np.float32)
     values, scale = quantize_array(weights, -1)
     kernel = QuantizedKernel(tf.Variable(values), tf.Variable(scale), -1)
-    one = rng.standard_normal((1, 1, 48)).astype(np.float32)
-    several = rng.standard_normal((3, 48)).astype(np.float32)
+    one = rng.standard_normal((1, 1, width)).astype(np.float32)
+    several = rng.standard_normal((3, width)).astype(np.float32)
+    several[:, 5] *= 30  # an outlier channel, as the residual stream has
     # One row: weight-only, exact up to float rounding.
     _close(quantized_matmul(tf.constant(one), kernel).numpy()[0], (one[0] @ values.astype(np.float64)) * scale, 1e-6)
     # Several rows: W8A8, which differs from weight-only by the activations' rounding.
@@ -152,7 +160,8 @@ def test_matmul_forms_by_rows():
     # ... compiled to an s8 x s8 -> s32 dot.
     hlo = tf.function(lambda x: quantized_matmul(x, kernel), jit_compile=True).experimental_get_compiler_ir(
         tf.constant(several))(stage="hlo")
-    assert any("s32[3,24]" in line and "dot(s8[3,48]" in line for line in hlo.splitlines())
+    dot = "dot(s8[3,48]" if width == 48 else "dot(s8[2,3,64]"
+    assert any(dot in line and "s32[" in line for line in hlo.splitlines())
 
 
 def test_forward_logits_match_the_numpy_reference(int8_llama):
@@ -162,16 +171,16 @@ def test_forward_logits_match_the_numpy_reference(int8_llama):
 
 
 def test_generate_one_row_steps_run_weight_only(int8_llama):
-    out = int8_llama.generate(PROMPTS[:1], max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
-                              return_dict_in_generate=True)
+    out = int8_llama.generate(PROMPTS[:1], max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                              output_logits=True, return_dict_in_generate=True)
     tokens, logits = reference_greedy(int8_llama, PROMPTS[0], NEW_TOKENS, single_row_steps=True)
     _close(np.stack([step.numpy()[0] for step in out.logits]), logits)
     np.testing.assert_array_equal(out.sequences.numpy()[0, PROMPTS.shape[1]:], tokens)
 
 
 def test_generate_multi_row_steps_run_w8a8(int8_llama):
-    out = int8_llama.generate(PROMPTS, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
-                              return_dict_in_generate=True)
+    out = int8_llama.generate(PROMPTS, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                              output_logits=True, return_dict_in_generate=True)
     for row in range(len(PROMPTS)):
         tokens, logits = reference_greedy(int8_llama, PROMPTS[row], NEW_TOKENS, single_row_steps=False)
         _close(np.stack([step.numpy()[row] for step in out.logits]), logits)
