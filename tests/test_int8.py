@@ -244,3 +244,21 @@ def test_gpt2_int8_matches_its_dequantized_float_model(tiny_checkpoint):
     several, reference = int8(prompt).logits.numpy(), dequantized(prompt).logits.numpy()
     _close(several, reference, 0.05)
     assert np.abs(several - reference).max() > 1e-4 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "batch", "export", "serve"])
+def test_every_model_command_takes_quantize_from_one_place(command):
+    from tfgen.cli import build_parser
+    from tfgen.commands import model_options
+
+    extra = {"generate": ["hi"], "chat": [], "batch": ["--input", "in.jsonl", "--output", "out.jsonl"],
+             "export": ["out"], "serve": []}
+    args = build_parser().parse_args([command, *extra[command], "--quantize", "int8"])
+    assert model_options(args) == {"quantize": "int8"}
+
+
+def test_serve_refuses_quantize_for_an_export_folder(tmp_path, capsys):
+    from tfgen.cli import main
+
+    assert main(["serve", str(tmp_path), "--quantize", "int8"]) == 2
+    assert "--quantize shapes the export of --model" in capsys.readouterr().err
