@@ -262,3 +262,17 @@ def test_serve_refuses_quantize_for_an_export_folder(tmp_path, capsys):
 
     assert main(["serve", str(tmp_path), "--quantize", "int8"]) == 2
     assert "--quantize shapes the export of --model" in capsys.readouterr().err
+
+
+def test_gguf_int8_load_quantizes_each_tensor_as_the_float_load_would(tmp_path):
+    from gguf_files import build_hf_model, byte_level_vocabulary, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", build_hf_model("llama", len(byte_level_vocabulary()[0])), arch="llama",
+                      qtype="Q4_0")
+    int8 = AutoModelForCausalLM.from_pretrained(path, quantize="int8")
+    full = AutoModelForCausalLM.from_pretrained(path)
+    for quantized, weight in ((int8.embed_tokens, full.embed_tokens), (int8.decoder_layers[1].qkv[0],
+                                                                      full.decoder_layers[1].qkv[0])):
+        values, scale = quantize_array(weight.numpy(), -1)  # the q rows un-permuted before, as the float load does
+        np.testing.assert_array_equal(quantized.values.numpy(), values)
+        np.testing.assert_allclose(quantized.scale.numpy(), scale, rtol=1e-6)
