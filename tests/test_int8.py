@@ -209,18 +209,28 @@ def test_unknown_quantize_mode_is_refused_before_loading(tmp_path):
         AutoModelForCausalLM.from_pretrained(tmp_path / "missing", quantize=True)
 
 
-def test_quantize_refused_for_a_keras_hub_preset_and_t5(tmp_path):
+def test_quantize_refused_for_a_keras_hub_preset(tmp_path):
     preset = tmp_path / "preset"
     preset.mkdir()
     (preset / "metadata.json").write_text(json.dumps({"keras_hub_version": "0.20.0"}))
     with pytest.raises(ValueError, match="quantize='int8'.*keras-hub preset"):
         AutoModelForCausalLM.from_pretrained(preset, quantize="int8")
-    t5 = tmp_path / "t5"
-    t5.mkdir()
-    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "vocab_size": 32, "d_model": 8, "d_kv": 4,
-                                                "d_ff": 8, "num_layers": 1, "num_heads": 2}))
-    with pytest.raises(ValueError, match="quantize='int8'.*T5ForConditionalGeneration"):
-        AutoModelForSeq2SeqLM.from_pretrained(t5, quantize="int8")
+
+
+def test_t5_int8_matches_its_dequantized_float_model(tmp_path):
+    from t5_checkpoints import build_hf_model
+
+    build_hf_model("t5", tmp_path / "t5")
+    int8 = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "t5", quantize="int8")
+    assert int8.shared.values.dtype == "int8" and int8.decoder_blocks[0].cross_kv.values.dtype == "int8"
+    dequantized = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "t5")
+    dequantized.load_hf_state_dict(int8.hf_state_dict())
+    # One token each: weight-only everywhere, the float model holding the dequantized weights.
+    single = dict(input_ids=np.array([[5]]), decoder_input_ids=np.array([[0]]))
+    _close(int8(**single).logits.numpy(), dequantized(**single).logits.numpy(), 1e-5)
+    # Several rows: W8A8, within the activations' rounding.
+    several = dict(input_ids=PROMPTS % 90 + 3, decoder_input_ids=PROMPTS[:, :3] % 90)
+    _close(int8(**several).logits.numpy(), dequantized(**several).logits.numpy(), 0.05)
 
 
 def test_cli_refuses_an_unknown_quantize_mode(capsys):

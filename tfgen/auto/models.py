@@ -89,8 +89,8 @@ class _AutoModel:
         invalid config values or weights that cannot fit in the memory available (checked before anything is built
         or read), `ValueError` for mismatched weights.
 
-        `quantize="int8"`: int8 weights with a float32 scale per output channel (`tfgen.models.quantize`; the Llama
-        family and GPT-2); another value, or a family without an int8 form, is a ValueError naming `quantize`."""
+        `quantize="int8"`: int8 weights with a float32 scale per output channel (`tfgen.models.quantize`; GPT-2,
+        the Llama family and T5); another value, or a family without an int8 form, is a ValueError naming `quantize`."""
         # Resolved first: a bad `dtype` or `quantize` is the caller's mistake, not the file's.
         policy = None if dtype is None else keras.dtype_policies.get(dtype)
         quantize = check_quantize(quantize)

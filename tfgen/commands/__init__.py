@@ -27,7 +27,7 @@ def add_model_argument(parser) -> None:
     parser.add_argument(
         "--quantize", default=None, metavar="MODE",
         help=f"load the weights quantized: {', '.join(QUANTIZE_MODES)} (int8 weights with a scale per output "
-        "channel, about a quarter of the float32 bytes; the Llama family and GPT-2; see docs/performance.md)",
+        "channel, about a quarter of the float32 bytes; GPT-2, the Llama family and T5; see docs/performance.md)",
     )
     parser.set_defaults(precheck=check_before_tensorflow)
 

@@ -53,8 +53,8 @@ def check_quantizable(model_class: type, quantize: str | None) -> None:
     """ValueError naming `quantize` when it is set and `model_class` has no int8 form (`quantizable` class
     attribute), before anything is built or read."""
     if quantize is not None and not getattr(model_class, "quantizable", False):
-        raise ValueError(f"quantize={quantize!r}: {model_class.__name__} has no int8 form yet (tfgen quantizes the "
-                         "Llama family and GPT-2)")
+        raise ValueError(f"quantize={quantize!r}: {model_class.__name__} has no int8 form (a family declares one "
+                         "with `quantizable = True`)")
 
 
 def build_pretrained(model_class: type, config_dict, dtype, policy, config_path: Path, directory: Path | None,
