@@ -19,7 +19,14 @@ from tfgen.local_files import file_present
 from tfgen.models.gpt2 import GPT2LMHeadModel
 from tfgen.models.llama import LlamaForCausalLM
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
-from tfgen.models.pretrained import build_pretrained, default_generation_config, generation_source, naming_the_file
+from tfgen.models.pretrained import (
+    build_pretrained,
+    check_quantizable,
+    default_generation_config,
+    generation_source,
+    naming_the_file,
+)
+from tfgen.models.quantize_modes import check_quantize
 from tfgen.models.t5 import T5ForConditionalGeneration
 
 # config.json `model_type` -> model class (each with a `config_class` offering `from_dict`).
@@ -68,6 +75,7 @@ class _AutoModel:
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
         local_files_only: bool | None = None,
+        quantize: str | None = None,
     ):
         """Loads a model from a local directory or Hub id holding `config.json` and safetensors weights, or a
         registered model name (`"smollm2-135m-instruct"`: pulled unless cached, as `tfgen --model NAME` does, see
@@ -79,12 +87,16 @@ class _AutoModel:
         `OSError` for unresolvable ids and missing or malformed files, `ValueError` / `TypeError` naming
         `config.json` (or the GGUF file) for unsupported architectures (a model of the other Auto class among them),
         invalid config values or weights that cannot fit in the memory available (checked before anything is built
-        or read), `ValueError` for mismatched weights."""
-        # Resolved first: a bad `dtype` is the caller's mistake, not the file's.
+        or read), `ValueError` for mismatched weights.
+
+        `quantize="int8"`: int8 weights with a float32 scale per output channel (`tfgen.models.quantize`; GPT-2,
+        the Llama family and T5); another value, or a family without an int8 form, is a ValueError naming `quantize`."""
+        # Resolved first: a bad `dtype` or `quantize` is the caller's mistake, not the file's.
         policy = None if dtype is None else keras.dtype_policies.get(dtype)
+        quantize = check_quantize(quantize)
         hub_options = dict(revision=revision, cache_dir=cache_dir, token=token)
         path_or_repo_id = resolve_source(path_or_repo_id, local_files_only=local_files_only, **hub_options)
-        model = cls._from_single_file(path_or_repo_id, dtype, policy, hub_options)
+        model = cls._from_single_file(path_or_repo_id, dtype, policy, hub_options, quantize)
         if model is not None:
             return model
         directory = resolve_model_directory(path_or_repo_id, **hub_options, local_files_only=local_files_only)
@@ -92,11 +104,12 @@ class _AutoModel:
         config_path = directory / "config.json"
         with naming_the_file(config_path):
             model_class = _model_class(config_dict.get("model_type"), cls.mapping)
+        check_quantizable(model_class, quantize)
         return build_pretrained(model_class, config_dict, dtype, policy, config_path, directory,
-                                lambda: read_safetensors_weights(directory))
+                                lambda: read_safetensors_weights(directory), quantize)
 
     @classmethod
-    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
+    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict, quantize: str | None = None):
         """The model of a GGUF file or keras-hub preset, or None when `path_or_repo_id` is neither (an HF
         directory or Hub id). Both hold decoder-only models: here a ValueError pointing to `AutoModelForCausalLM`."""
         if is_gguf_path(path_or_repo_id) or is_keras_hub_preset(path_or_repo_id):
@@ -131,19 +144,25 @@ class AutoModelForCausalLM(_AutoModel):
     mapping = MODEL_FOR_CAUSAL_LM_MAPPING
 
     @classmethod
-    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict):
+    def _from_single_file(cls, path_or_repo_id, dtype, policy, hub_options: dict, quantize: str | None = None):
         if is_gguf_path(path_or_repo_id):
             # One file holds the config (as metadata) and the weights (dequantized to float32 once checked).
             # A file is local: Hub options could do nothing for it.
             refuse_hub_options(path_or_repo_id, **hub_options)
             # The GGUF load cache (tfgen.gguf.load_cache) may hold both, from an earlier load of the same file.
-            config_dict, shown_path, read_weights = gguf_checkpoint(path_or_repo_id)
+            config_dict, shown_path, read_weights = gguf_checkpoint(path_or_repo_id, quantize)
             config_path = Path(shown_path)
             with naming_the_file(config_path):
                 model_class = _model_class(config_dict.get("model_type"), cls.mapping)
-            return build_pretrained(model_class, config_dict, dtype, policy, config_path, None, read_weights)
+            return build_pretrained(model_class, config_dict, dtype, policy, config_path, None, read_weights,
+                                    quantize)
         if is_keras_hub_preset(path_or_repo_id):
             refuse_hub_options(path_or_repo_id, "keras-hub preset", **hub_options)
+            if quantize is not None:
+                raise ValueError(
+                    f"quantize={quantize!r}: {str(path_or_repo_id)!r} is a keras-hub preset, whose layers are "
+                    "keras-hub's own; quantize it with keras-hub (`causal_lm.quantize(\"int8\")` before "
+                    "`tfgen.from_keras_hub`, which runs it as it is) rather than through tfgen")
             return keras_hub_preset(path_or_repo_id, dtype=dtype)
         return None
 

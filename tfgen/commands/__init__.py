@@ -10,26 +10,39 @@ from __future__ import annotations
 import argparse
 
 from tfgen.local_files import read_json_file
+from tfgen.models.quantize_modes import QUANTIZE_MODES, check_quantize
 
 # The range `generate()` takes a seed's two integers in (`tfgen.request.input_checks.check_seed`).
 _SEED_RANGE = range(-(2**31), 2**32)
 
 
 def add_model_argument(parser) -> None:
-    """The `--model` option of the commands that load a model (generate, chat, batch, export), as
-    `tfgen.hub.pull.resolve_model_argument` reads it (checked first by `check_before_tensorflow`)."""
+    """The `--model` and `--quantize` options of the commands that load a model (generate, chat, batch, export,
+    serve), as `tfgen.hub.pull.resolve_model_argument` and `model_options` read them (checked first by
+    `check_before_tensorflow`)."""
     parser.add_argument(
         "--model", default=None, help="local model directory or .gguf file, hub id (HF layout), or a registered name "
         "(`tfgen pull --list`; pulled on first use); default: the shipped model",
     )
+    parser.add_argument(
+        "--quantize", default=None, metavar="MODE",
+        help=f"load the weights quantized: {', '.join(QUANTIZE_MODES)} (int8 weights with a scale per output "
+        "channel, about a quarter of the float32 bytes; GPT-2, the Llama family and T5; see docs/performance.md)",
+    )
     parser.set_defaults(precheck=check_before_tensorflow)
+
+
+def model_options(args) -> dict:
+    """The `from_pretrained` keywords of the `add_model_argument` flags given (`quantize`)."""
+    return {} if args.quantize is None else {"quantize": args.quantize}
 
 
 def check_before_tensorflow(args) -> None:
     """The checks of the shared flags that need no TensorFlow, which `tfgen.cli` runs before it imports TensorFlow
     (seconds), so that their mistakes are one line at once: `--regex` / `--json-schema` (`structured_options`) and
     `--model` (`tfgen.hub.pull.check_model_argument`: a missing path, a name that is not registered). Nothing is
-    fetched here: the command resolves `--model` (and pulls a registered model) as it runs."""
+    fetched here: the command resolves `--model` (and pulls a registered model) as it runs. `--quantize`: one of
+    `tfgen.models.quantize_modes.QUANTIZE_MODES`."""
     # Function-level: `tfgen CMD --help` needs neither.
     from tfgen.hub.pull import check_model_argument
 
@@ -37,6 +50,11 @@ def check_before_tensorflow(args) -> None:
         structured_options(args)
     if hasattr(args, "model"):
         check_model_argument(args.model)
+    if getattr(args, "quantize", None) is not None:
+        try:
+            check_quantize(args.quantize)
+        except ValueError as error:
+            raise ValueError(f"--quantize: {error}") from None
 
 
 def add_sampling_arguments(parser) -> None:

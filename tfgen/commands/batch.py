@@ -21,6 +21,7 @@ from tfgen.commands import (
     add_sampling_arguments,
     add_seed_argument,
     add_structured_arguments,
+    model_options,
     sampling_options,
     structured_options,
 )
@@ -109,7 +110,7 @@ def run(args) -> int:
         tokenizer = None
     _refuse_chats_without_template(args, tokenizer, model_path, template_kwargs)
     with strategy.scope():
-        model = load_generation_model(model_path)
+        model = load_generation_model(model_path, **model_options(args))
     try:
         result = run_batch_job(
             model,

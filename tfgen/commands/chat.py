@@ -27,6 +27,7 @@ from tfgen.commands import (
     add_sampling_arguments,
     add_seed_argument,
     check_option_flag,
+    model_options,
     sampling_options,
 )
 
@@ -84,7 +85,7 @@ def run(args) -> int:
             "chat_template in tokenizer_config.json); `tfgen generate` continues plain text"
         )
     with timings.loading():
-        model = load_generation_model(model_path)
+        model = load_generation_model(model_path, **model_options(args))
     model.generation_buckets = BucketPolicy(length_step=CHAT_PROMPT_STEP)
     options.pop("max_new_tokens", None)  # per turn: answer_length
     if args.stop_strings:

@@ -90,6 +90,7 @@ def run(args) -> int:
     version_dir = export_model(
         args.model,
         args.out_dir,
+        quantize=args.quantize,
         max_new_tokens=args.max_new_tokens,
         version=args.version,
         jit_compile=not args.no_jit,
@@ -129,9 +130,11 @@ def check_export_arguments(args) -> None:
 
 
 def export_model(
-    model_path: str | None, out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, **options
+    model_path: str | None, out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, quantize=None,
+    **options
 ) -> str:
-    """Exports the model at `model_path` (None: the shipped model) to `out_dir/<version>/` with `export_saved_model`
+    """Exports the model at `model_path` (None: the shipped model), loaded with `quantize` (None or "int8": the
+    export then stores int8 variables and their scales), to `out_dir/<version>/` with `export_saved_model`
     and its `options`, adding generate_text when `text` is true, `signatures` allows it and a tokenizer sits next
     to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Returns the version
     folder."""
@@ -146,7 +149,7 @@ def export_model(
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.
     source = model_path if is_gguf_path(model_path) else resolve_model_directory(model_path)
-    model = load_generation_model(source)
+    model = load_generation_model(source, **({} if quantize is None else {"quantize": quantize}))
     if options.get("max_new_tokens") is None:
         # The command's buffer runs answers to eos (the library's export_saved_model keeps HF's 20).
         options["max_new_tokens"] = export_budget(model.generation_config,

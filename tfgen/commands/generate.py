@@ -12,6 +12,7 @@ from tfgen.commands import (
     add_structured_arguments,
     check_option_flag,
     check_prompt_length,
+    model_options,
     sampling_options,
     structured_options,
 )
@@ -92,7 +93,7 @@ def run(args) -> int:
     check_prompt_length(encoded, tokenizer)
     prompt_length = encoded["input_ids"].shape[1]
     with timings.loading():
-        model = load_generation_model(model_path)
+        model = load_generation_model(model_path, **model_options(args))
     options = {
         **sampling_options(args),
         "max_new_tokens": answer_length(model, args.max_new_tokens, prompt_length),

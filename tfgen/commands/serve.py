@@ -116,7 +116,7 @@ def grpc_port(args) -> int | None:
 
 
 # The export flags of `tfgen serve` (beside `--no-jit` and `--no-text`), as `export_model` takes them.
-EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length")
+EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length", "quantize")
 
 
 def check_export_flags(args) -> None:

@@ -159,12 +159,16 @@ def remove_part(digest: str, part: str) -> None:
             logger.warning("tfgen's GGUF cache could not remove %s: %s", folder / name, error)
 
 
-def gguf_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], str, Callable[[], dict[str, np.ndarray]]]:
+def gguf_checkpoint(path: str | os.PathLike, quantize: str | None = None
+                    ) -> tuple[dict[str, Any], str, Callable[[], dict[str, np.ndarray]]]:
     """`(config_dict, shown_path, read_weights)` of the GGUF file at `path`: the HF config dict (`hf_config_dict`),
     the path to name in errors, and a function returning the float32 tensors by HF name (`read_hf_tensors`), both
     from the cache's model part when it has one (the file is then not parsed at all), else from the file (the part
-    is stored once the weights are read). Errors as `open_gguf`'s, `hf_config_dict`'s and `read_hf_tensors`'."""
-    digest = file_digest(path) if enabled() else None
+    is stored once the weights are read). Errors as `open_gguf`'s, `hf_config_dict`'s and `read_hf_tensors`'.
+
+    With `quantize` the cache is not used: its part holds the whole model in float32, which an int8 load must never
+    hold at once (the file's tensors are dequantized and quantized one at a time instead)."""
+    digest = file_digest(path) if enabled() and quantize is None else None
     cached = None if digest is None else read_part(digest, "model")
     if cached is not None:
         data, payload = cached
@@ -180,7 +184,7 @@ def gguf_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], str, Calla
     config_dict = hf_config_dict(file)
 
     def read_weights() -> dict[str, np.ndarray]:
-        tensors = read_hf_tensors(file, config_dict)
+        tensors = read_hf_tensors(file, config_dict, quantize)
         if digest is not None and 4 * sum(array.size for array in tensors.values()) <= MAX_CACHED_WEIGHT_BYTES:
             write_part(digest, "model", {"config": config_dict}, weights_payload(tensors))
         return tensors

@@ -15,6 +15,8 @@ import numpy as np
 
 from tfgen.gguf.files import GGUFFile
 from tfgen.memory import check_fits
+from tfgen.models.quantize import quantize_rows
+from tfgen.models.quantize_modes import check_quantize
 
 # GGUF tensor name -> HF name, for the tensors outside the blocks.
 _GLOBAL_NAMES = {
@@ -125,13 +127,21 @@ def check_tensor_table(file: GGUFFile, config: dict[str, Any]) -> dict[str, str]
     return names
 
 
-def read_hf_tensors(file: GGUFFile, config: dict[str, Any]) -> dict[str, np.ndarray]:
+def read_hf_tensors(file: GGUFFile, config: dict[str, Any], quantize: str | None = None) -> dict[str, np.ndarray]:
     """Every tensor of the file as a float32 numpy array under its HF name and in HF's shape (`[out, in]` for
     linear weights), with the query / key rows of `llama` files put back in HF's order. Checks the table first
-    (`check_tensor_table`) and that the float32 copies fit in memory."""
+    (`check_tensor_table`) and that the copies fit in memory.
+
+    With `quantize="int8"` each matrix is quantized per row (`tfgen.models.quantize.quantize_rows`) right after it
+    is dequantized, so at most one float32 matrix exists at a time. GGUF's own blocks (32 weights with one scale, Q4
+    and Q8 alike) cannot be kept: one scale per output row is coarser than a scale per block, so each block's values
+    are requantized to the row's scale (a Q8_0 tensor loses up to half a row step per weight)."""
+    quantize = check_quantize(quantize)
     names = check_tensor_table(file, config)
-    float32_bytes = 4 * sum(int(file.tensors[gguf_name].n_elements) for gguf_name in names.values())
-    check_fits(float32_bytes, f"dequantizing {file.path!r} to float32", "use a machine with more memory")
+    elements = [int(file.tensors[gguf_name].n_elements) for gguf_name in names.values()]
+    needed = 4 * sum(elements) if quantize is None else sum(elements) + 4 * max(elements)
+    what = "to float32" if quantize is None else "to int8"
+    check_fits(needed, f"dequantizing {file.path!r} {what}", "use a machine with more memory")
     # llama.cpp permutes the rows only in its converter for the llama architecture (Qwen's are left as HF has them).
     permuted = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
     permutes = config["model_type"] in ("llama", "mistral")
@@ -140,7 +150,8 @@ def read_hf_tensors(file: GGUFFile, config: dict[str, Any]) -> dict[str, np.ndar
         array = dequantize(file, gguf_name)
         part = name.split(".")[-2] if name.startswith("model.layers.") else ""
         heads = permuted.get(f"self_attn.{part}") if permutes else None
-        tensors[name] = array if heads is None else unpermute_rotary_rows(array, heads)
+        array = array if heads is None else unpermute_rotary_rows(array, heads)
+        tensors[name] = quantize_rows(array) if quantize is not None and array.ndim == 2 else array
     return tensors
 
 

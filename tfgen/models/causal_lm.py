@@ -13,6 +13,8 @@ from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.layers import positions_from_mask
 from tfgen.models.pretrained import PretrainedModel
+from tfgen.models.quantize import QuantizedKernel, quantized_matmul
+from tfgen.models.quantize_modes import check_quantize
 
 
 class CausalLMOutput(NamedTuple):
@@ -38,12 +40,16 @@ class KerasCausalLM(PretrainedModel, TFGenerationMixin, keras.Model):
     # Whether `lm_head` is stored `[vocab, D]` (True) or `[D, vocab]` (False); a decoding view uses the other layout.
     lm_head_vocab_major: bool
 
-    def __init__(self, config, dtype=None, **kwargs):
-        """Checks `config` (a `config_class`) and that its weights fit in memory in `dtype`, before any weight is
-        made; sets `config` and `generation_config` (None until a loader sets it)."""
+    def __init__(self, config, dtype=None, quantize: str | None = None, **kwargs):
+        """Checks `config` (a `config_class`), `quantize` (None or "int8": int8 kernels, embeddings and head, see
+        `tfgen.models.quantize`) and that its weights fit in memory in `dtype`, before any weight is made; sets
+        `config`, `quantization` (the `quantize` mode) and `generation_config` (None until a loader sets it)."""
         if not isinstance(config, self.config_class):
             raise TypeError(f"config must be a {self.config_class.__name__}, got {type(config).__name__}")
+        quantize = check_quantize(quantize)
         super().__init__(dtype=dtype, **kwargs)
+        # Not `self.quantize`: that is Keras's own `Model.quantize()` method.
+        self.quantization = quantize
         config.check_fits_in_memory(self.dtype_policy)
         self.config = config
         self.generation_config = None
@@ -126,6 +132,8 @@ class KerasCausalLM(PretrainedModel, TFGenerationMixin, keras.Model):
         head, vocab_major = self.lm_head, self.lm_head_vocab_major
         if head_transposed is not None:
             head, vocab_major = head_transposed, not vocab_major
+        if isinstance(head, QuantizedKernel):
+            return tf.cast(quantized_matmul(hidden, head, transpose_b=vocab_major), tf.float32)
         return tf.cast(tf.matmul(hidden, tf.cast(head, hidden.dtype), transpose_b=vocab_major), tf.float32)
 
     def decoding_view(self, rows):
@@ -136,9 +144,10 @@ class KerasCausalLM(PretrainedModel, TFGenerationMixin, keras.Model):
         head, and the other way round through GPT-2's tied `[vocab, D]` embedding (see docs/performance.md). A model
         stores the layout its one-row steps want; for several rows the view transposes the head once per program
         run, before the loop, and the steps use the copy: nothing is stored, so it can never go stale. One-row steps
-        get the model itself.
+        get the model itself. An int8 model's steps get the model itself too: its matmuls pick their form from the
+        rows they see (`tfgen.models.quantize`).
         """
-        if rows == 1:
+        if rows == 1 or self.quantization is not None:
             return self
         return TransposedHeadView(self, tf.transpose(self.lm_head))
 

@@ -21,13 +21,16 @@ from tfgen.models.hf_weights import select_hf_tensors
 from tfgen.models.layers import (
     ACTIVATIONS,
     WeightFactory,
+    assign_weight,
     attention_allowed,
     dense,
     dropout,
     layer_norm,
     query_slots,
+    weight_array,
     write_slots,
 )
+from tfgen.models.quantize import embedding_rows
 
 __all__ = ["CausalLMOutput", "GPT2Block", "GPT2Config", "GPT2LMHeadModel"]
 
@@ -38,10 +41,10 @@ _IGNORED_HF_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 class GPT2Block(keras.layers.Layer):
     """One pre-norm transformer block (attention + MLP, each residual)."""
 
-    def __init__(self, config: GPT2Config, layer_idx: int, **kwargs):
+    def __init__(self, config: GPT2Config, layer_idx: int, quantize: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
-        weights = WeightFactory(self, config, f"h.{layer_idx}.")
+        weights = WeightFactory(self, config, f"h.{layer_idx}.", quantize)
         # HF's GPT-2 scheme: residual projections start smaller, by 1/sqrt(2 * n_layer).
         residual_stddev = config.initializer_range / math.sqrt(2 * config.n_layer)
         d, inner = config.n_embd, config.inner_size
@@ -101,17 +104,20 @@ class GPT2LMHeadModel(KerasCausalLM):
     config_class = GPT2Config
     model_types = ("gpt2",)
     lm_head_vocab_major = True  # HF's `[vocab, D]`: the head may be the tied `wte`
+    quantizable = True  # `quantize="int8"` (tfgen.models.quantize): kernels, wte and the head; wpe stays float
 
-    def __init__(self, config: GPT2Config, dtype=None, **kwargs):
-        super().__init__(config, dtype=dtype, **kwargs)
-        weights = WeightFactory(self, config, "")
-        self.wte = weights.normal("wte.weight", (config.vocab_size, config.n_embd))
+    def __init__(self, config: GPT2Config, dtype=None, quantize: str | None = None, **kwargs):
+        super().__init__(config, dtype=dtype, quantize=quantize, **kwargs)
+        weights = WeightFactory(self, config, "", quantize)
+        self.wte = weights.normal("wte.weight", (config.vocab_size, config.n_embd), quantizable=True)
         self.wpe = weights.normal("wpe.weight", (config.n_positions, config.n_embd))
         self.blocks = [
-            GPT2Block(config, index, dtype=self.dtype_policy, name=f"h_{index}") for index in range(config.n_layer)
+            GPT2Block(config, index, quantize, dtype=self.dtype_policy, name=f"h_{index}")
+            for index in range(config.n_layer)
         ]
         self.ln_f = weights.layer_norm("ln_f", config.n_embd)
-        self.lm_head = self.wte if config.tie_word_embeddings else weights.normal("lm_head.weight", self.wte.shape)
+        self.lm_head = self.wte if config.tie_word_embeddings else weights.normal("lm_head.weight", self.wte.shape,
+                                                                                  quantizable=True)
         self._hf_variables = {**weights.by_hf_name}
         for block in self.blocks:
             self._hf_variables.update(block.hf_variables)
@@ -123,7 +129,8 @@ class GPT2LMHeadModel(KerasCausalLM):
     def _forward(self, input_ids, position_ids, attention_allowed, cache, cache_index, training, layers=None):
         """Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or None); `layers`: run
         only the first that many blocks (early exit; the other blocks' caches pass through)."""
-        embeddings = tf.gather(self.wte, input_ids) + tf.gather(self.wpe, position_ids)
+        # The cast: an int8 wte's rows come back in float32 (a no-op for a float model's equal dtypes).
+        embeddings = tf.cast(embedding_rows(self.wte, input_ids), self.wpe.dtype) + tf.gather(self.wpe, position_ids)
         x = dropout(tf.cast(embeddings, self.compute_dtype), self.config.embd_pdrop, training, self.seed_generator)
         layer_caches = [None] * len(self.blocks) if cache is None else cache
         new_caches = list(layer_caches)
@@ -159,13 +166,12 @@ class GPT2LMHeadModel(KerasCausalLM):
             rename=lambda name: name.removeprefix("transformer."), ignored=_IGNORED_HF_BUFFER.fullmatch,
         )
         for short_name, array in provided.items():
-            variable = self._hf_variables[short_name]
-            variable.assign(tf.cast(tf.convert_to_tensor(array), variable.dtype))
+            assign_weight(self._hf_variables[short_name], array)
 
     def hf_state_dict(self) -> dict[str, np.ndarray]:
         """The weights under HF `GPT2LMHeadModel` names (a tied `lm_head.weight` omitted, as HF saves it)."""
         return {
-            (name if name == "lm_head.weight" else f"transformer.{name}"): keras.ops.convert_to_numpy(variable)
+            (name if name == "lm_head.weight" else f"transformer.{name}"): weight_array(variable)
             for name, variable in self._hf_variables.items()
         }
 

@@ -16,6 +16,9 @@ import numpy as np
 import safetensors.numpy
 import tensorflow as tf
 
+from tfgen.models.quantize import QuantizedArray, QuantizedKernel, quantize_rows
+from tfgen.models.quantize_modes import check_quantize
+
 # True while `weights_follow()` is active: a model built then gets its weights from a checkpoint.
 _LOADING = [False]
 
@@ -52,16 +55,31 @@ class HFWeights:
     and records in `parts`, per HF tensor name (`hf_prefix` + name), which part of which variable it fills.
 
     Kernels are stored `[in, out]` and HF's `Linear` layers of one module fused side by side into one kernel (q/k/v,
-    gate/up); an embedding may be stored transposed (`[dim, vocab]`, so that the LM head is an `x @ W`)."""
+    gate/up); an embedding may be stored transposed (`[dim, vocab]`, so that the LM head is an `x @ W`).
 
-    def __init__(self, layer: keras.layers.Layer, hf_prefix: str = "", *, stddev_scale: float = 1.0):
+    With `quantize="int8"` the kernels (and the matrices made with `quantizable=True`: embeddings, LM heads) are
+    `tfgen.models.quantize.QuantizedKernel`s, an int8 variable and a float32 scale per HF row (output channel)."""
+
+    def __init__(self, layer: keras.layers.Layer, hf_prefix: str = "", *, stddev_scale: float = 1.0,
+                 quantize: str | None = None):
         self.layer, self.hf_prefix, self.stddev_scale = layer, hf_prefix, stddev_scale
+        self.quantize = check_quantize(quantize)
         self.parts: dict[str, HFPart] = {}
 
     def _add(self, name: str, shape, initializer):
         # No Keras autocast: the models cast explicitly, so `call` and `call_with_cache` compute alike.
         return self.layer.add_weight(shape=shape, initializer=initializer, name=name.replace(".", "_"),
                                      autocast=False)
+
+    def _add_quantized(self, name: str, shape, channel_axis: int) -> QuantizedKernel:
+        """An int8 `shape` weight with a float32 scale per slice along `channel_axis` (filled by the checkpoint;
+        zeros otherwise: a quantized model is always loaded from one)."""
+        initializer = _unfilled if _LOADING[0] else "zeros"
+        values = self.layer.add_weight(shape=shape, initializer=initializer, name=name.replace(".", "_"),
+                                       dtype="int8", trainable=False, autocast=False)
+        scale = self.layer.add_weight(shape=(shape[channel_axis],), initializer=keras.initializers.Constant(0.01),
+                                      name=f"{name.replace('.', '_')}_scale", trainable=False, autocast=False)
+        return QuantizedKernel(values, scale, channel_axis)
 
     def _normal(self, stddev: float):
         if _LOADING[0]:
@@ -74,11 +92,15 @@ class HFWeights:
         self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, False, (dim,))
         return variable
 
-    def matrix(self, hf_name: str, hf_shape: tuple[int, int], *, transposed: bool, stddev: float = 1.0):
+    def matrix(self, hf_name: str, hf_shape: tuple[int, int], *, transposed: bool, stddev: float = 1.0,
+               quantizable: bool = False):
         """HF's `[rows, columns]` matrix (an embedding, a bias table), stored as is or (`transposed`) as
-        `[columns, rows]`."""
+        `[columns, rows]`; int8 with a scale per HF row when the factory quantizes and it is `quantizable`."""
         shape = tuple(reversed(hf_shape)) if transposed else tuple(hf_shape)
-        variable = self._add(hf_name, shape, self._normal(stddev))
+        if self.quantize and quantizable:
+            variable = self._add_quantized(hf_name, shape, -1 if transposed else 0)
+        else:
+            variable = self._add(hf_name, shape, self._normal(stddev))
         self.parts[self.hf_prefix + hf_name] = HFPart(variable, None, transposed, tuple(hf_shape))
         return variable
 
@@ -94,7 +116,10 @@ class HFWeights:
             def initializer(shape, dtype=None):
                 draws = [self._normal(stddev)((n_in, width), dtype) for stddev, width in zip(stddevs, widths)]
                 return keras.ops.concatenate(draws, axis=-1)
-        kernel = self._add(f"{name}_kernel", (n_in, sum(widths)), initializer)
+        if self.quantize:
+            kernel = self._add_quantized(f"{name}_kernel", (n_in, sum(widths)), -1)
+        else:
+            kernel = self._add(f"{name}_kernel", (n_in, sum(widths)), initializer)
         bias_variable = self._add(f"{name}_bias", (sum(widths),), "zeros") if bias else None
         start = 0
         for projection, width in zip(projections, widths):
@@ -151,17 +176,33 @@ def assign_hf_parts(parts: Mapping[str, HFPart], provided: Mapping[str, np.ndarr
     for variable_pieces in pieces.values():
         variable = variable_pieces[0][0].variable
         variable_pieces.sort(key=lambda piece: 0 if piece[0].columns is None else piece[0].columns.start)
+        if isinstance(variable, QuantizedKernel):
+            _assign_quantized(variable, variable_pieces)
+            continue
         values = [tf.cast(tf.convert_to_tensor(array), variable.dtype) for _, array in variable_pieces]
         values = [tf.transpose(value) if part.transposed else value
                   for (part, _), value in zip(variable_pieces, values)]
         variable.assign(values[0] if len(values) == 1 else tf.concat(values, axis=-1))
 
 
+def _assign_quantized(kernel: QuantizedKernel, pieces: list) -> None:
+    """Assigns a quantized kernel from its HF pieces (float arrays, or `QuantizedArray`s already quantized per HF
+    row): each quantized per HF row, which is per output channel whether or not the rows are fused side by side."""
+    values, scales = [], []
+    for part, array in pieces:
+        quantized = array if isinstance(array, QuantizedArray) else quantize_rows(array)
+        values.append(quantized.values.T if part.transposed else quantized.values)
+        scales.append(quantized.scale)
+    kernel.values.assign(values[0] if len(values) == 1 else np.concatenate(values, axis=-1))
+    kernel.scale.assign(np.concatenate(scales))
+
+
 def hf_part_arrays(parts: Mapping[str, HFPart]) -> dict[str, np.ndarray]:
     """Every part of `parts` as a numpy array under its HF name, in HF's layout (fused variables split again)."""
     arrays = {}
     for name, part in parts.items():
-        value = keras.ops.convert_to_numpy(part.variable)
+        variable = part.variable
+        value = variable.numpy() if isinstance(variable, QuantizedKernel) else keras.ops.convert_to_numpy(variable)
         value = value if part.columns is None else value[..., part.columns]
         arrays[name] = np.ascontiguousarray(value.T if part.transposed else value)
     return arrays

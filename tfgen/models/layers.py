@@ -16,6 +16,9 @@ import tensorflow as tf
 # under XLA; tensor_scatter_nd_update works but measured ~3x slower per decode step).
 from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
 
+from tfgen.models.quantize import QuantizedKernel, quantize_array, quantized_matmul
+from tfgen.models.quantize_modes import check_quantize
+
 # HF activation names (config `activation_function` / `hidden_act`).
 ACTIVATIONS = {
     "gelu_new": functools.partial(tf.nn.gelu, approximate=True),
@@ -133,8 +136,12 @@ def apply_rotary(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
 
 
 def dense(x: tf.Tensor, kernel, bias=None) -> tf.Tensor:
-    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`; no bias when None)."""
-    y = tf.matmul(x, tf.cast(kernel, x.dtype))
+    """`x @ kernel + bias` in `x`'s dtype (kernel `[in, out]`, or a `QuantizedKernel`: see
+    `tfgen.models.quantize.quantized_matmul`; no bias when None)."""
+    if isinstance(kernel, QuantizedKernel):
+        y = quantized_matmul(x, kernel)
+    else:
+        y = tf.matmul(x, tf.cast(kernel, x.dtype))
     return y if bias is None else y + tf.cast(bias, x.dtype)
 
 
@@ -145,10 +152,13 @@ def dropout(x: tf.Tensor, rate: float, training: bool, seed_generator) -> tf.Ten
 
 class WeightFactory:
     """Creates a layer's weights with HF's initialisation (`config.initializer_range`) and records them under
-    their HF names (`hf_prefix` + name) in `by_hf_name`, so checkpoints map onto them by name."""
+    their HF names (`hf_prefix` + name) in `by_hf_name`, so checkpoints map onto them by name. With
+    `quantize="int8"`, dense kernels and the matrices made with `quantizable=True` (token embeddings, LM heads) are
+    `QuantizedKernel`s (see `assign_weight`)."""
 
-    def __init__(self, layer: keras.layers.Layer, config, hf_prefix: str):
+    def __init__(self, layer: keras.layers.Layer, config, hf_prefix: str, quantize: str | None = None):
         self.layer, self.config, self.hf_prefix = layer, config, hf_prefix
+        self.quantize = check_quantize(quantize)
         self.by_hf_name: dict[str, Any] = {}
 
     def _add(self, hf_name: str, shape, initializer):
@@ -160,13 +170,50 @@ class WeightFactory:
         self.by_hf_name[self.hf_prefix + hf_name] = variable
         return variable
 
-    def normal(self, hf_name: str, shape, stddev: float | None = None):
+    def _add_quantized(self, hf_name: str, shape, channel_axis: int) -> QuantizedKernel:
+        """An int8 weight (zeros until a checkpoint is assigned) with a float32 scale per slice along
+        `channel_axis`."""
+        name = hf_name.replace(".", "_")
+        values = self.layer.add_weight(shape=shape, initializer="zeros",
+                                       name=name, dtype="int8", trainable=False, autocast=False)
+        scale = self.layer.add_weight(shape=(shape[channel_axis],), initializer=keras.initializers.Constant(0.01),
+                                      name=f"{name}_scale", trainable=False, autocast=False)
+        kernel = QuantizedKernel(values, scale, channel_axis)
+        self.by_hf_name[self.hf_prefix + hf_name] = kernel
+        return kernel
+
+    def normal(self, hf_name: str, shape, stddev: float | None = None, quantizable: bool = False):
+        """A normal-initialised weight; int8 with a scale per row (a token's embedding, a head's output channel)
+        when the factory quantizes and it is `quantizable`."""
+        if self.quantize and quantizable:
+            return self._add_quantized(hf_name, shape, 0)
         stddev = self.config.initializer_range if stddev is None else stddev
         return self._add(hf_name, shape, keras.initializers.RandomNormal(stddev=stddev))
 
     def dense(self, hf_name: str, n_in: int, n_out: int, stddev: float | None = None):
-        """(kernel `[n_in, n_out]`, bias `[n_out]`) as HF's Conv1D."""
-        return self.normal(f"{hf_name}.weight", (n_in, n_out), stddev), self._add(f"{hf_name}.bias", (n_out,), "zeros")
+        """(kernel `[n_in, n_out]`, bias `[n_out]`) as HF's Conv1D; an int8 kernel with a scale per output column
+        when the factory quantizes."""
+        if self.quantize:
+            kernel = self._add_quantized(f"{hf_name}.weight", (n_in, n_out), -1)
+        else:
+            kernel = self.normal(f"{hf_name}.weight", (n_in, n_out), stddev)
+        return kernel, self._add(f"{hf_name}.bias", (n_out,), "zeros")
 
     def layer_norm(self, hf_name: str, dim: int):
         return self._add(f"{hf_name}.weight", (dim,), "ones"), self._add(f"{hf_name}.bias", (dim,), "zeros")
+
+
+def assign_weight(variable, array) -> None:
+    """Assigns a checkpoint array (HF's layout = the variable's) to a `WeightFactory` weight: a `QuantizedKernel`
+    gets it quantized along its channel axis, a variable gets it cast to its dtype."""
+    if isinstance(variable, QuantizedKernel):
+        values, scale = quantize_array(array, variable.channel_axis)
+        variable.values.assign(values)
+        variable.scale.assign(scale)
+    else:
+        variable.assign(tf.cast(tf.convert_to_tensor(array), variable.dtype))
+
+
+def weight_array(variable):
+    """A `WeightFactory` weight as a float numpy array (a `QuantizedKernel` dequantized)."""
+    return variable.numpy() if isinstance(variable, QuantizedKernel) else keras.ops.convert_to_numpy(variable)

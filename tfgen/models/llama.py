@@ -26,6 +26,7 @@ from tfgen.models.causal_lm import CausalLMOutput, KerasCausalLM
 from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, select_hf_tensors
 from tfgen.models.layers import ACTIVATIONS, apply_rotary, dense, query_slots, rms_norm, rotary_cos_sin
 from tfgen.models.llama_config import LlamaConfig
+from tfgen.models.quantize import embedding_columns
 
 __all__ = ["CausalLMOutput", "LlamaConfig", "LlamaDecoderLayer", "LlamaForCausalLM"]
 
@@ -37,11 +38,12 @@ class LlamaDecoderLayer(keras.layers.Layer):
     """One pre-norm decoder layer: RMSNorm → attention (RoPE, grouped-query, optional sliding window) → residual,
     RMSNorm → gated MLP `down(act(gate(x)) * up(x))` → residual."""
 
-    def __init__(self, config: LlamaConfig, layer_idx: int, **kwargs):
+    def __init__(self, config: LlamaConfig, layer_idx: int, quantize: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.window = config.layer_windows[layer_idx]
-        weights = HFWeights(self, f"model.layers.{layer_idx}.", stddev_scale=config.initializer_range)
+        weights = HFWeights(self, f"model.layers.{layer_idx}.", stddev_scale=config.initializer_range,
+                            quantize=quantize)
         d, hd, inner = config.hidden_size, config.head_dim, config.intermediate_size
         q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
         self.input_norm = weights.norm("input_layernorm.weight", d)
@@ -98,21 +100,23 @@ class LlamaForCausalLM(KerasCausalLM):
     config_class = LlamaConfig
     model_types = ("llama", "mistral", "qwen2", "qwen3")
     lm_head_vocab_major = False  # `[D, vocab]`, like the embedding it may be tied to
+    quantizable = True  # `quantize="int8"` (tfgen.models.quantize)
 
-    def __init__(self, config: LlamaConfig, dtype=None, **kwargs):
-        super().__init__(config, dtype=dtype, **kwargs)
+    def __init__(self, config: LlamaConfig, dtype=None, quantize: str | None = None, **kwargs):
+        super().__init__(config, dtype=dtype, quantize=quantize, **kwargs)
         self.rope = config.rope()
-        weights = HFWeights(self, stddev_scale=config.initializer_range)
+        weights = HFWeights(self, stddev_scale=config.initializer_range, quantize=quantize)
         embedding_shape = (config.vocab_size, config.hidden_size)
-        self.embed_tokens = weights.matrix("model.embed_tokens.weight", embedding_shape, transposed=True)
+        self.embed_tokens = weights.matrix("model.embed_tokens.weight", embedding_shape, transposed=True,
+                                           quantizable=True)
         self.decoder_layers = [
-            LlamaDecoderLayer(config, index, dtype=self.dtype_policy, name=f"layers_{index}")
+            LlamaDecoderLayer(config, index, quantize, dtype=self.dtype_policy, name=f"layers_{index}")
             for index in range(config.num_hidden_layers)
         ]
         self.norm = weights.norm("model.norm.weight", config.hidden_size)
         self.lm_head = (
             self.embed_tokens if config.tie_word_embeddings
-            else weights.matrix("lm_head.weight", embedding_shape, transposed=True)
+            else weights.matrix("lm_head.weight", embedding_shape, transposed=True, quantizable=True)
         )
         self._hf_parts = dict(weights.parts)
         for layer in self.decoder_layers:
@@ -128,7 +132,7 @@ class LlamaForCausalLM(KerasCausalLM):
         caches pass through). Returns (final-norm hidden states `[B, T, D]` in the compute dtype, updated cache or
         None)."""
         # The embedding is stored [D, vocab]: gather columns, then put the hidden axis last.
-        x = tf.transpose(tf.gather(self.embed_tokens, input_ids, axis=1), [1, 2, 0])
+        x = tf.transpose(embedding_columns(self.embed_tokens, input_ids), [1, 2, 0])
         x = tf.cast(x, self.compute_dtype)
         cos, sin = rotary_cos_sin(position_ids, self.rope.inverse_frequencies, self.rope.attention_scaling, x.dtype)
         masks = {window: attention_masks(query_index, key_mask, window, cache_index)

@@ -16,6 +16,7 @@ from tfgen.config.generation_config import GenerationConfig
 from tfgen.local_files import file_present
 from tfgen.models.hf_weights import save_hf_checkpoint, weights_follow
 from tfgen.models.loading import read_config_dict, read_safetensors_weights, resolve_model_directory
+from tfgen.models.quantize_modes import check_quantize
 
 
 def default_generation_config(
@@ -48,10 +49,20 @@ def generation_source(model_class: type, config_dict: Mapping[str, Any], config)
     return {**config_dict, **config.to_dict()} if getattr(model_class, "is_encoder_decoder", False) else config_dict
 
 
+def check_quantizable(model_class: type, quantize: str | None) -> None:
+    """ValueError naming `quantize` when it is set and `model_class` has no int8 form (`quantizable` class
+    attribute), before anything is built or read."""
+    if quantize is not None and not getattr(model_class, "quantizable", False):
+        raise ValueError(f"quantize={quantize!r}: {model_class.__name__} has no int8 form (a family declares one "
+                         "with `quantizable = True`)")
+
+
 def build_pretrained(model_class: type, config_dict, dtype, policy, config_path: Path, directory: Path | None,
-                     read_weights):
+                     read_weights, quantize: str | None = None):
     """A `model_class` of `config_dict` (read from `config_path`, named in its errors) with the weights
-    `read_weights()` returns and the generation config of `directory` (None: the one derived from the config)."""
+    `read_weights()` returns and the generation config of `directory` (None: the one derived from the config);
+    `quantize` (None or "int8", checked by the caller): int8 weights (`tfgen.models.quantize`)."""
+    check_quantizable(model_class, quantize)
     with naming_the_file(config_path):
         config = model_class.config_class.from_dict(config_dict)
         # Before a layer is built or a weight read: a model too large for this host is refused at once.
@@ -59,17 +70,18 @@ def build_pretrained(model_class: type, config_dict, dtype, policy, config_path:
     generation_config = default_generation_config(directory, generation_source(model_class, config_dict, config),
                                                   config_path)
     with weights_follow():  # every weight is assigned below: none is drawn at random first
-        model = model_class(config, dtype=dtype)
+        model = model_class(config, dtype=dtype, **({} if quantize is None else {"quantize": quantize}))
     model.load_hf_state_dict(read_weights())
     model.generation_config = generation_config
     return model
 
 
 def load_pretrained(model_class: type, path_or_repo_id: str | os.PathLike, *, dtype=None, revision=None,
-                    cache_dir=None, token=None, local_files_only=None):
+                    cache_dir=None, token=None, local_files_only=None, quantize=None):
     """A `model_class` from a local directory or Hub id holding `config.json` and safetensors weights (see
     `tfgen.AutoModelForCausalLM.from_pretrained` for the keywords); ValueError naming `config.json` when its
     `model_type` is not one `model_class` loads (`model_class.model_types`)."""
+    check_quantizable(model_class, check_quantize(quantize))
     policy = None if dtype is None else keras.dtype_policies.get(dtype)
     directory = resolve_model_directory(path_or_repo_id, revision=revision, cache_dir=cache_dir, token=token,
                                         local_files_only=local_files_only)
@@ -79,7 +91,7 @@ def load_pretrained(model_class: type, path_or_repo_id: str | os.PathLike, *, dt
         raise ValueError(f"{str(directory / 'config.json')!r}: model_type {model_type!r} is not a "
                          f"{model_class.__name__} (it loads {', '.join(model_class.model_types)})")
     return build_pretrained(model_class, config_dict, dtype, policy, directory / "config.json", directory,
-                            lambda: read_safetensors_weights(directory))
+                            lambda: read_safetensors_weights(directory), quantize)
 
 
 class PretrainedModel:

@@ -31,6 +31,8 @@ from tfgen.models.attention import attention_masks
 from tfgen.models.hf_weights import HFWeights, assign_hf_parts, hf_part_arrays, select_hf_tensors
 from tfgen.models.layers import attention_allowed, query_slots, rms_norm
 from tfgen.models.pretrained import PretrainedModel
+from tfgen.models.quantize import QuantizedKernel, embedding_columns, quantized_matmul
+from tfgen.models.quantize_modes import check_quantize
 from tfgen.models.t5_config import T5Config
 from tfgen.models.t5_layers import T5Block, position_bias, relative_bucket_table
 
@@ -63,26 +65,32 @@ class T5ForConditionalGeneration(PretrainedModel, TFGenerationMixin, keras.Model
 
     config_class = T5Config
     model_types = ("t5",)
+    quantizable = True  # `quantize="int8"` (tfgen.models.quantize)
     is_encoder_decoder = True
     #: `call_with_cache` takes a scalar `cache_index` only (see `tfgen.decoding.model_protocol`).
     row_cache_index = False
 
-    def __init__(self, config: T5Config, dtype=None, **kwargs):
-        """Checks `config` (a `T5Config`) and that its weights fit in memory in `dtype`, before any weight is made;
-        sets `config` and `generation_config` (None until a loader sets it)."""
+    def __init__(self, config: T5Config, dtype=None, quantize: str | None = None, **kwargs):
+        """Checks `config` (a `T5Config`), `quantize` (None or "int8": int8 kernels, embedding and head, see
+        `tfgen.models.quantize`; the relative position bias tables stay float) and that its weights fit in memory in
+        `dtype`, before any weight is made; sets `config`, `quantization` and `generation_config` (None until a
+        loader sets it)."""
         if not isinstance(config, T5Config):
             raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
+        quantize = check_quantize(quantize)
         super().__init__(dtype=dtype, **kwargs)
+        # Not `self.quantize`: that is Keras's own `Model.quantize()` method.
+        self.quantization = quantize
         config.check_fits_in_memory(self.dtype_policy)
         self.config = config
         self.generation_config = None
-        weights = HFWeights(self, stddev_scale=config.initializer_factor)
+        weights = HFWeights(self, stddev_scale=config.initializer_factor, quantize=quantize)
         vocab, d, buckets = config.vocab_size, config.d_model, config.relative_attention_num_buckets
-        self.shared = weights.matrix("shared.weight", (vocab, d), transposed=True)
-        self.encoder_blocks = [T5Block(config, index, False, dtype=self.dtype_policy, name=f"encoder_block_{index}")
-                               for index in range(config.num_layers)]
-        self.decoder_blocks = [T5Block(config, index, True, dtype=self.dtype_policy, name=f"decoder_block_{index}")
-                               for index in range(config.num_decoder_layers)]
+        self.shared = weights.matrix("shared.weight", (vocab, d), transposed=True, quantizable=True)
+        self.encoder_blocks = [T5Block(config, index, False, quantize, dtype=self.dtype_policy,
+                                       name=f"encoder_block_{index}") for index in range(config.num_layers)]
+        self.decoder_blocks = [T5Block(config, index, True, quantize, dtype=self.dtype_policy,
+                                       name=f"decoder_block_{index}") for index in range(config.num_decoder_layers)]
         # HF keeps each stack's bias table in its first block's self-attention; every block of the stack uses it.
         self.encoder_bias, self.decoder_bias = (
             weights.matrix(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
@@ -91,7 +99,7 @@ class T5ForConditionalGeneration(PretrainedModel, TFGenerationMixin, keras.Model
         self.encoder_norm = weights.norm("encoder.final_layer_norm.weight", d)
         self.decoder_norm = weights.norm("decoder.final_layer_norm.weight", d)
         self.lm_head = self.shared if config.tie_word_embeddings else weights.matrix(
-            "lm_head.weight", (vocab, d), transposed=True)
+            "lm_head.weight", (vocab, d), transposed=True, quantizable=True)
         self.hf_parts = dict(weights.parts)
         for block in (*self.encoder_blocks, *self.decoder_blocks):
             self.hf_parts.update(block.hf_parts)
@@ -104,7 +112,7 @@ class T5ForConditionalGeneration(PretrainedModel, TFGenerationMixin, keras.Model
 
     def _embed(self, input_ids) -> tf.Tensor:
         """`[B, T, D]` embeddings (unscaled, as T5's) in the compute dtype; the table is stored `[D, vocab]`."""
-        x = tf.transpose(tf.gather(self.shared, tf.cast(input_ids, tf.int32), axis=1), [1, 2, 0])
+        x = tf.transpose(embedding_columns(self.shared, tf.cast(input_ids, tf.int32)), [1, 2, 0])
         return tf.cast(x, self.compute_dtype)
 
     def encode(self, input_ids, attention_mask=None, output_hidden_states: bool = False):
@@ -219,6 +227,8 @@ class T5ForConditionalGeneration(PretrainedModel, TFGenerationMixin, keras.Model
         `call_with_cache`): with a tied head scaled by `d_model ** -0.5` first, as HF does, then the head."""
         if self.config.tie_word_embeddings:
             hidden_states = hidden_states * tf.cast(self.config.d_model ** -0.5, hidden_states.dtype)
+        if isinstance(self.lm_head, QuantizedKernel):
+            return tf.cast(quantized_matmul(hidden_states, self.lm_head), tf.float32)
         return tf.cast(tf.matmul(hidden_states, tf.cast(self.lm_head, hidden_states.dtype)), tf.float32)
 
     def call(self, input_ids, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None

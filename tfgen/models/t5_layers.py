@@ -102,12 +102,12 @@ class T5Block(keras.layers.Layer):
     kernel, as are the cross-attention's k/v (projected once per prompt, see `cross_keys_values`) and a gated
     feed-forward's `wi_0`/`wi_1`."""
 
-    def __init__(self, config: T5Config, index: int, decoder: bool, **kwargs):
+    def __init__(self, config: T5Config, index: int, decoder: bool, quantize: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config, self.decoder = config, decoder
         # HF's T5 initialisation (`_init_weights`, times `initializer_factor`).
         weights = HFWeights(self, f"{'decoder' if decoder else 'encoder'}.block.{index}.",
-                            stddev_scale=config.initializer_factor)
+                            stddev_scale=config.initializer_factor, quantize=quantize)
         d, inner, d_ff = config.d_model, config.inner_dim, config.d_ff
 
         def linear(module, projections, n_in, width, stddevs):  # T5's layers have no biases
