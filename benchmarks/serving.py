@@ -29,10 +29,12 @@ from pathlib import Path
 import numpy as np
 
 
-def export_once(model, checkpoint: str, cache_dir: str, slots: int, new_tokens: int, prompt_tokens: int) -> str:
+def export_once(model, checkpoint: str, cache_dir: str, slots: int, new_tokens: int, prompt_tokens: int,
+                quantize: str | None = None) -> str:
     from tfgen.export import export_saved_model
 
-    name = f"serving-{Path(checkpoint).name}-s{slots}-n{new_tokens}-p{prompt_tokens}"
+    name = f"serving-{Path(checkpoint).name}-s{slots}-n{new_tokens}-p{prompt_tokens}" + (f"-{quantize}" if quantize
+                                                                                           else "")
     folder = Path(cache_dir) / name
     if not (folder / "1" / "saved_model.pb").is_file():
         config = model.generation_config.copy()
@@ -106,6 +108,7 @@ def main(argv=None) -> int:
                         help="client counts of the whole-call comparison (empty: skip it)")
     parser.add_argument("--traffic", choices=["greedy", "sample"], default="greedy",
                         help=f"greedy requests, or sampling ones with {SAMPLING}")
+    parser.add_argument("--quantize", choices=["int8"], help="serve the model with int8 weights (docs/performance.md)")
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tfgen/bench"))
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -119,10 +122,12 @@ def main(argv=None) -> int:
     from tfgen.serving import ModelServer, load_export, start_in_thread
 
     checkpoint = resolve_checkpoint(args.model, args.cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, **({"quantize": args.quantize} if args.quantize else {}))
     vocab_size = int(model.config.vocab_size)
-    export_dir = export_once(model, checkpoint, args.cache_dir, args.slots, args.new_tokens, args.prompt_tokens)
-    results = {"model": args.model, "traffic": args.traffic, "slots": args.slots, "steps_per_call": args.steps_per_call,
+    export_dir = export_once(model, checkpoint, args.cache_dir, args.slots, args.new_tokens, args.prompt_tokens,
+                             args.quantize)
+    results = {"model": args.model, "quantize": args.quantize, "traffic": args.traffic, "slots": args.slots,
+               "steps_per_call": args.steps_per_call,
                "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}
 
     # generate() in-process, compiled and warm: the lone request's reference latency.
