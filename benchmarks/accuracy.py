@@ -8,19 +8,20 @@ on the same inputs in one process:
 
 - **Perplexity** over `benchmarks/data/persuasion_ch1-7.txt` (public domain; see `benchmarks/data/README.md`),
   tokenized without special tokens. The text is cut into windows of `--context` tokens that start `--stride` tokens
-  apart (the last one ends at the text's end); every token but the first is scored exactly once, in the first window
-  that holds it after the first window's positions, so each scored token sees at least `context - stride` tokens
-  before it (all of them in the first window). Each window is one fresh sequence (positions from 0, no cache carried
+  apart (the last one ends at the text's end); each window scores the tokens past the previous window's end, so
+  every token but the first is scored exactly once and sees at least `context - stride` tokens before it (in the
+  first window: all the tokens before it). Each window is one fresh sequence (positions from 0, no cache carried
   over). `perplexity = exp(mean negative log-likelihood)` over the scored tokens.
 - **Greedy agreement**: the 20 `PROMPTS` through the chat template (generation prompt added), one left-padded batch,
   greedy `generate()` of `--new-tokens` tokens. A row's tokens are cut after its first eos and padded with a marker
   to `--new-tokens`, so two rows that end at the same place agree there. Reported per row and overall: the matching
   prefix (tokens before the first difference) and the fraction of the positions that are equal.
 
-The logits come from the model protocol's `call_with_cache` through `decoding_view(rows)`, the form a decode loop
-runs for steps of `rows` rows (`--rows`, default 4: the multi-row form; 1 gives the one-row form), inside one
-compiled program per window batch, the negative log-likelihoods taken in the program (a window's logits are 200 MB
-on SmolLM2). With A = B the two columns are equal: the harness's own check.
+The logits come from the model protocol's `call_with_cache` through `decoding_view(rows)`, as a `generate()` prefill
+computes them, `--rows` windows per call of one compiled program, the negative log-likelihoods taken in the program
+(a window's logits are 200 MB on SmolLM2). An int8 model's matmuls pick their form from the rows they see, so a
+window runs W8A8, the form of its multi-row decode steps (the one-row form, weight-only, multiplies the same int8
+weights in float). With A = B the two columns are equal: the harness's own check.
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ def parse_args(argv=None, prog=None):
     parser.add_argument("--text", default=str(TEXT), help="the perplexity text (default the shipped one)")
     parser.add_argument("--max-tokens", type=int, default=None, help="score only the text's first N tokens")
     parser.add_argument("--context", type=int, default=1024, help="perplexity window, tokens (default 1024)")
-    parser.add_argument("--stride", type=int, default=512, help="distance between windows (default 512)")
+    parser.add_argument("--stride", type=int, default=768, help="distance between windows (default 768)")
     parser.add_argument("--rows", type=int, default=4, help="windows per call: decoding_view(rows) (default 4)")
     parser.add_argument("--new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"prompts used (1-{len(PROMPTS)})")
