@@ -12,4 +12,6 @@ the method and shows the results, whose raw runs are kept in `benchmarks/results
 - `run.py`: the command line (`main`).
 - `keras_hub_adapter.py`: `python -m benchmarks.keras_hub_adapter`, keras-hub's own `generate()` next to tfgen's
   (`tfgen.from_keras_hub`) on the same keras-hub model, in float32, int8 and bfloat16.
+- `accuracy.py`: `python -m benchmarks.accuracy`, what a model variant (int8) costs in accuracy: perplexity over
+  `data/persuasion_ch1-7.txt` and greedy agreement on 20 chat prompts, two models side by side.
 """

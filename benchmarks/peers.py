@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-LIBRARIES = ("tfgen", "tfgen-bf16", "hf-tf", "keras-hub", "hf-torch", "llama-cpp")
+LIBRARIES = ("tfgen", "tfgen-bf16", "tfgen-int8", "hf-tf", "keras-hub", "hf-torch", "llama-cpp")
 DEFAULT_LIBRARIES = ("tfgen", "hf-tf", "keras-hub", "hf-torch")
 PEERS = ("hf-tf", "keras-hub", "hf-torch", "llama-cpp")
 
@@ -75,12 +75,19 @@ class TfgenRunner(Runner):
     """tfgen's `AutoModelForCausalLM.generate` (XLA-compiled) with its default float32 weights."""
 
     dtype = None
+    #: `from_pretrained` keywords of a variant (beyond `dtype`).
+    load_options: dict = {}
 
     def __init__(self, checkpoint, new_tokens):
         super().__init__(checkpoint, new_tokens)
         from tfgen.auto.models import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.dtype)
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.dtype, **self.load_options)
+        except (TypeError, ValueError) as error:
+            if not self.load_options:
+                raise
+            raise Unavailable(f"from_pretrained({self.load_options}) refused: {error}") from None
 
     def generate(self, strategy, input_ids):
         seed = [0, 0] if BENCH_REQUESTS[strategy]["do_sample"] else None
@@ -105,6 +112,13 @@ class TfgenBf16Runner(TfgenRunner):
     """tfgen with bfloat16 weights and compute (`from_pretrained(..., dtype="bfloat16")`)."""
 
     dtype = "bfloat16"
+
+
+class TfgenInt8Runner(TfgenRunner):
+    """tfgen with int8 weights (`from_pretrained(..., quantize="int8")`, issue 34); its accuracy is measured by
+    `python -m benchmarks.accuracy`."""
+
+    load_options = {"quantize": "int8"}
 
 
 class HfTfRunner(Runner):
@@ -238,6 +252,7 @@ def hf_eos_token_id(model, options: dict):
 RUNNERS = {
     "tfgen": TfgenRunner,
     "tfgen-bf16": TfgenBf16Runner,
+    "tfgen-int8": TfgenInt8Runner,
     "hf-tf": HfTfRunner,
     "keras-hub": KerasHubRunner,
     "hf-torch": HfTorchRunner,
