@@ -221,3 +221,24 @@ def test_seed_takes_two_integers(nothing_slow, capsys, command, seed, words):
     # Two integers, a negative one included, are still read before the prompt.
     prompt = ["w5"] if command[0] == "generate" else []
     assert build_parser().parse_args([*command, "--seed", "-1", "2", *prompt]).seed == [-1, 2]
+
+
+def test_an_export_folder_as_model_points_to_serve(nothing_slow, capsys, tmp_path):
+    """An export (a SavedModel, as `tfgen export` writes it) passed where a model goes is one line naming what
+    `--model` takes and `tfgen serve`, before anything loads, in every command and in Beam's handler."""
+    from tfgen.beam import TFGenModelHandler
+
+    base = tmp_path / "exported"
+    (base / "1").mkdir(parents=True)
+    (base / "1" / "saved_model.pb").write_bytes(b"")
+    for folder in (base, base / "1"):
+        for argv in (["generate", "hi", "--model", str(folder)],
+                     ["batch", "--input", str(tmp_path / "in.jsonl"), "--output", "out.jsonl", "--model", str(folder)]):
+            assert main(argv) == 2, argv
+            error = one_error_line(capsys)
+            assert "is an export" in error and f"tfgen serve {folder}" in error, error
+        with pytest.raises(ValueError, match="is an export"):
+            TFGenModelHandler(str(folder), max_new_tokens=4)
+    (base / "1" / "saved_model.pb").unlink()
+    assert main(["generate", "hi", "--model", str(base)]) != 0
+    assert "is an export" not in capsys.readouterr().err

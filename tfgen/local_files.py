@@ -149,3 +149,14 @@ def check_local_path(value: str | os.PathLike) -> None:
     if path.startswith("~") and os.path.exists(os.path.expanduser(path)):
         hint = f" ('~' is not expanded here: pass {os.path.expanduser(path)!r})"
     raise FileNotFoundError(f"no such file or directory: {path!r}{hint}")
+
+
+def is_export_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` is a folder written by `tfgen export` (or any TF Serving model base): a `saved_model.pb` in
+    it or in a numeric version folder under it."""
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return True
+    return any(entry.isdigit() and os.path.isfile(os.path.join(path, entry, "saved_model.pb"))
+               for entry in os.listdir(path))

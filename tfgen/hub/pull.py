@@ -39,7 +39,7 @@ from tfgen.hub.registry import (
     registered_model,
     suggested_name,
 )
-from tfgen.local_files import check_local_path, looks_like_local_path
+from tfgen.local_files import check_local_path, is_export_folder, looks_like_local_path
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +130,15 @@ def check_model_argument(value: str | None) -> str | None:
     close to a registered name that is not in the Hugging Face cache (`near_miss`: ValueError listing the registered
     names and suggesting the closest, `smollm2` -> "did you mean smollm2-135m-instruct?"), which the Hub would
     answer only with a connection error. Other bare words go to the Hub as before (legacy ids such as `gpt2`).
+    A folder holding an export (`tfgen.local_files.is_export_folder`) is a ValueError pointing to `tfgen serve`.
     Returns the path when `value` names one that exists (`~` expanded), else None."""
     if value is None:
         return None
     expanded = os.path.expanduser(value)
+    if is_export_folder(expanded):
+        raise ValueError(f"--model: {value} is an export (a SavedModel), not a model; --model takes a model folder, a "
+                         f".gguf file, a registered name or a Hub id: serve the export with `tfgen serve {value}`, or "
+                         "pass the model it was exported from")
     if os.path.exists(expanded):
         return expanded
     if value in MODELS:
