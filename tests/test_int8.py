@@ -286,3 +286,22 @@ def test_gguf_int8_load_quantizes_each_tensor_as_the_float_load_would(tmp_path):
         values, scale = quantize_array(weight.numpy(), -1)  # the q rows un-permuted before, as the float load does
         np.testing.assert_array_equal(quantized.values.numpy(), values)
         np.testing.assert_allclose(quantized.scale.numpy(), scale, rtol=1e-6)
+
+
+def test_int8_export_served_with_continuous_batching_gives_the_in_process_tokens(int8_llama, tmp_path):
+    """`quantize="int8"` through export → `tfgen serve`'s loading (continuous-batching slots) → a greedy request:
+    the in-process tokens."""
+    from tfgen.export import export_saved_model
+    from tfgen.serving import load_export
+
+    export_saved_model(int8_llama, tmp_path / "served", max_new_tokens=NEW_TOKENS, signatures=["greedy"], slots=2,
+                       slot_length=16)
+    served = load_export(tmp_path / "served", warmup=False, batching={"steps_per_call": 4})
+    try:
+        assert served.engine is not None
+        outputs = served.predict("greedy", {"input_ids": PROMPTS, "attention_mask": np.ones_like(PROMPTS),
+                                            "max_new_tokens": np.full([len(PROMPTS)], NEW_TOKENS, np.int32)})
+    finally:
+        served.close()
+    in_process = int8_llama.generate(PROMPTS, max_new_tokens=NEW_TOKENS, do_sample=False).numpy()
+    np.testing.assert_array_equal(outputs["sequences"], in_process)
