@@ -17,9 +17,9 @@ import json
 import logging
 import sys
 
-from tfgen.batch.options import DEFAULT_BATCH_SIZE, DEFAULT_SEED, INPUT_FORMATS
+from tfgen.batch.options import DEFAULT_BATCH_SIZE, DEFAULT_SEED
 from tfgen.commands import (
-    add_model_argument,
+    add_job_arguments,
     add_sampling_arguments,
     add_seed_argument,
     add_structured_arguments,
@@ -42,11 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--temp_location gs://..., --runner FlinkRunner --flink_master ..., --runner SparkRunner ...); default: "
         f"--runner {DEFAULT_RUNNER}, in this process.",
     )
-    add_model_argument(parser)
-    parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
-    parser.add_argument("--output", required=True, help="results JSONL, one file (local path or gs://)")
-    parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the model's)")
-    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto", help="default: from the extension")
+    add_job_arguments(parser, "results JSONL, one file (local path or gs://)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per compiled call")
     parser.add_argument("--min-batch-size", type=int, help="Beam's smallest batch (default: --batch-size)")
     parser.add_argument("--max-batch-size", type=int, help="Beam's largest batch, sorted by length together "

@@ -57,6 +57,18 @@ def check_before_tensorflow(args) -> None:
             raise ValueError(f"--quantize: {error}") from None
 
 
+def add_job_arguments(parser, output_help: str) -> None:
+    """The model and the input / output flags a batch job takes (`tfgen batch`, `python -m tfgen.beam`): --model,
+    --quantize, --input, --output (`output_help` says where it may live), --tokenizer, --input-format."""
+    from tfgen.batch.options import INPUT_FORMATS
+
+    add_model_argument(parser)
+    parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
+    parser.add_argument("--output", required=True, help=output_help)
+    parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the model's)")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto", help="default: from the extension")
+
+
 def add_sampling_arguments(parser) -> None:
     """The decoding flags of the commands that generate (generate, chat, batch): greedy or sampling and the common
     warpers, as `sampling_options` reads them."""

@@ -11,13 +11,12 @@ from tfgen.batch.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_SEED,
     DISTRIBUTION_STRATEGIES,
-    INPUT_FORMATS,
     ON_ERROR,
     WINDOW_GROUPS,
     WINDOW_SPLITS,
 )
 from tfgen.commands import (
-    add_model_argument,
+    add_job_arguments,
     add_sampling_arguments,
     add_seed_argument,
     add_structured_arguments,
@@ -41,11 +40,7 @@ def add_parser(subparsers) -> None:
         "order; rerunning the same command after a crash or Ctrl-C resumes where the last complete window ended. "
         "A second run on the same OUTPUT is refused while the first runs (lock file OUTPUT.lock).",
     )
-    add_model_argument(parser)
-    parser.add_argument("--input", required=True, help="prompts: .jsonl, or .tfrecord[.gz] (local path or gs://)")
-    parser.add_argument("--output", required=True, help="results JSONL (local path); sidecar files share its name")
-    parser.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the model's)")
-    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="auto", help="default: from the extension")
+    add_job_arguments(parser, "results JSONL (local path); sidecar files share its name")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per replica per call")
     parser.add_argument(
         "--window", type=int, help="rows sorted by length together and committed at once (default: 1/"
