@@ -1,5 +1,5 @@
-"""`tfgen serve`'s continuous batching under load: throughput for 1, 4, 16 and 64 concurrent clients, a lone request's
-latency against in-process `generate()`, and when a streamed answer's first token arrives.
+"""`tfgen serve`'s continuous batching under load: throughput for 1, 4, 16 and 64 concurrent clients against in-process
+`generate()` at the same batch size, a lone request's latency, and when a streamed answer's first token arrives.
 
     python -m benchmarks.serving --model random-124m --out benchmarks/results/q-serving-gpt2.json
     python -m benchmarks.serving --model smollm2-135m-instruct --out benchmarks/results/q-serving-smollm2.json
@@ -9,8 +9,12 @@ served in this process over loopback HTTP, with continuous batching and, for the
 request its own whole-call signature run on its own thread: what `tfgen serve --no-batching` does). Every request
 is a `greedy` (or with `--traffic sample`, a `sample` with its own seed) `:predict` of one prompt with a budget of
 `--new-tokens`; tokens/s counts the tokens
-the answers hold. Streaming is timed on the engine itself (a row with a listener): the first token's arrival against
-the whole answer's.
+the answers hold. `generate()` runs the same prompts in-process at batch `min(clients, slots)`, compiled and warm, and
+each client count's `vs_generate` is the server's tokens/s over it. With a tokenizer in the export (`--openai`, on
+when the checkpoint has one), the same clients also send OpenAI streaming requests (`POST /v1/completions`,
+`"stream": true`, the prompt as token ids, temperature 0): tokens/s from the answers' `usage`, and the median time to
+the first chunk holding text. Streaming is also timed on the engine itself (a row with a listener): the first token's
+arrival against the whole answer's.
 """
 
 from __future__ import annotations
@@ -30,17 +34,18 @@ import numpy as np
 
 
 def export_once(model, checkpoint: str, cache_dir: str, slots: int, new_tokens: int, prompt_tokens: int,
-                quantize: str | None = None) -> str:
+                quantize: str | None = None, tokenizer=None) -> str:
     from tfgen.export import export_saved_model
 
-    name = f"serving-{Path(checkpoint).name}-s{slots}-n{new_tokens}-p{prompt_tokens}" + (f"-{quantize}" if quantize
-                                                                                           else "")
+    name = (f"serving-{Path(checkpoint).name}-s{slots}-n{new_tokens}-p{prompt_tokens}" + (f"-{quantize}" if quantize
+                                                                                          else "")
+            + ("-tok" if tokenizer is not None else ""))
     folder = Path(cache_dir) / name
     if not (folder / "1" / "saved_model.pb").is_file():
         config = model.generation_config.copy()
         config.update(eos_token_id=None, do_sample=False)  # every request decodes its whole budget
         export_saved_model(model, folder, config, max_new_tokens=new_tokens, signatures=["greedy", "sample"],
-                           slots=slots, slot_length=prompt_tokens + new_tokens)
+                           slots=slots, slot_length=prompt_tokens + new_tokens, tokenizer=tokenizer)
     return str(folder)
 
 
@@ -75,15 +80,44 @@ def post(address, body: dict) -> dict:
         connection.close()
 
 
-def load(address, clients: int, requests_per_client: int, vocab_size: int, prompt_tokens: int, new_tokens: int):
+def post_openai_stream(address, index: int, vocab_size: int, tokens: int, new_tokens: int) -> tuple[int, float]:
+    """(completion tokens, seconds to the first chunk holding text) of one streamed `/v1/completions` request."""
+    body = {"model": "bench", "prompt": prompt(index, vocab_size, tokens), "max_tokens": new_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    connection = http.client.HTTPConnection(*address, timeout=3600)
+    began, first, usage = time.perf_counter(), None, None
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {response.read()[:500]!r}")
+        for line in response:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any(choice.get("text") for choice in chunk.get("choices", ())):
+                first = time.perf_counter() - began
+            usage = chunk.get("usage") or usage
+    finally:
+        connection.close()
+    return usage["completion_tokens"], first if first is not None else time.perf_counter() - began
+
+
+def load(address, clients: int, requests_per_client: int, vocab_size: int, prompt_tokens: int, new_tokens: int,
+         openai: bool = False):
     """(seconds, tokens, per-request latencies) of `clients` threads each sending `requests_per_client` requests."""
-    latencies = []
+    latencies = []  # whole answers' (TF Serving :predict), or first chunks' (OpenAI streaming)
 
     def client(number):
         tokens = 0
         for round_ in range(requests_per_client):
             index = number * requests_per_client + round_
             began = time.perf_counter()
+            if openai:
+                count, first = post_openai_stream(address, index, vocab_size, prompt_tokens, new_tokens)
+                latencies.append(first)
+                tokens += count
+                continue
             answer = post(address, request_body(index, vocab_size, prompt_tokens, new_tokens))
             latencies.append(time.perf_counter() - began)
             tokens += answer["outputs"]["sequence_lengths"][0] - prompt_tokens
@@ -109,6 +143,8 @@ def main(argv=None) -> int:
     parser.add_argument("--traffic", choices=["greedy", "sample"], default="greedy",
                         help=f"greedy requests, or sampling ones with {SAMPLING}")
     parser.add_argument("--quantize", choices=["int8"], help="serve the model with int8 weights (docs/performance.md)")
+    parser.add_argument("--openai", choices=["auto", "on", "off"], default="auto",
+                        help="also drive OpenAI streaming /v1/completions (auto: when the checkpoint has a tokenizer)")
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tfgen/bench"))
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -124,8 +160,17 @@ def main(argv=None) -> int:
     checkpoint = resolve_checkpoint(args.model, args.cache_dir)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, **({"quantize": args.quantize} if args.quantize else {}))
     vocab_size = int(model.config.vocab_size)
+    tokenizer = None
+    if args.openai != "off":
+        from tfgen import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        except OSError:
+            if args.openai == "on":
+                raise
     export_dir = export_once(model, checkpoint, args.cache_dir, args.slots, args.new_tokens, args.prompt_tokens,
-                             args.quantize)
+                             args.quantize, tokenizer)
     results = {"model": args.model, "quantize": args.quantize, "traffic": args.traffic, "slots": args.slots,
                "steps_per_call": args.steps_per_call,
                "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}
@@ -142,6 +187,16 @@ def main(argv=None) -> int:
         model.generate(ids, **options)
         times.append(time.perf_counter() - began)
     results["generate_latency_s"] = min(times)
+    # generate() at the batch each client count fills (the engine's slots at most), the same prompts' tokens/s.
+    results["generate_tokens_per_s"] = {}
+    for batch in sorted({min(count, args.slots) for count in clients}):
+        rows = np.array([prompt(index, vocab_size, args.prompt_tokens) for index in range(batch)], np.int32)
+        batch_options = dict(options, seed=[[index, 1] for index in range(batch)]) if "seed" in options else options
+        model.generate(rows, **batch_options)
+        seconds = min(_timed(lambda: model.generate(rows, **batch_options)) for _ in range(2))
+        results["generate_tokens_per_s"][batch] = batch * args.new_tokens / seconds
+        print(f"generate() batch {batch}: {batch * args.new_tokens / seconds:.1f} tokens/s", file=sys.stderr,
+              flush=True)
 
     unbatched_clients = [int(value) for value in args.unbatched_clients.split(",") if value]
     for batching in ([True, False] if unbatched_clients else [True]):
@@ -169,6 +224,20 @@ def main(argv=None) -> int:
                                      "median_latency_s": statistics.median(latencies)}
             print(f"batching={batching} clients={count}: {tokens / seconds:.1f} tokens/s "
                   f"(median latency {statistics.median(latencies):.2f} s)", file=sys.stderr, flush=True)
+        if batching and tokenizer is not None:
+            run["openai_stream"] = {}
+            for count in clients:
+                load(address, count, 1, vocab_size, args.prompt_tokens, args.new_tokens, openai=True)
+                seconds, tokens, firsts = load(address, count, args.requests_per_client, vocab_size,
+                                               args.prompt_tokens, args.new_tokens, openai=True)
+                run["openai_stream"][count] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+                                               "median_first_chunk_s": statistics.median(firsts)}
+                print(f"openai stream clients={count}: {tokens / seconds:.1f} tokens/s (median first chunk "
+                      f"{statistics.median(firsts):.2f} s)", file=sys.stderr, flush=True)
+        for count, value in run["clients"].items():
+            reference = results["generate_tokens_per_s"].get(min(count, args.slots))
+            if reference:
+                value["vs_generate"] = value["tokens_per_s"] / reference
         one = run["clients"].get(1, {}).get("tokens_per_s")
         if one:
             run["speedup_over_one_client"] = {count: value["tokens_per_s"] / one
@@ -197,6 +266,12 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0
+
+
+def _timed(call) -> float:
+    began = time.perf_counter()
+    call()
+    return time.perf_counter() - began
 
 
 if __name__ == "__main__":
