@@ -174,3 +174,14 @@ def test_serve_model_exports_the_structured_signature_by_default(monkeypatch, tm
         export_cache.DEFAULT_STRUCTURED_INPUTS, (64, 128), None]
     argv = export_cache.export_command("m.gguf", "out", version=1, structured_inputs=(64, 128))
     assert argv[argv.index("--structured-inputs") + 1] == "64,128"  # the child `tfgen export`'s flag
+
+
+def test_a_cached_exports_key_with_table_sizes_reads_back_equal(tmp_path):
+    """The key file is JSON: `structured_inputs` (a tuple) reads back as a list, and the entry must still be reused."""
+    from tfgen.commands import export_cache
+
+    key = export_cache.export_key("digest", {"structured_inputs": (2048, 512), "signatures": ["greedy"]})
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / export_cache.KEY_FILE).write_text(json.dumps(key, sort_keys=True))
+    assert export_cache.is_complete(tmp_path, key)

@@ -90,6 +90,8 @@ def export_key(digest: str, options: dict) -> dict:
         tensorflow = metadata.version("tensorflow")
     except metadata.PackageNotFoundError:
         tensorflow = None
+    # As JSON reads it back from the key file (a tuple option is a list there), so that a written key compares equal.
+    options = json.loads(json.dumps(options))
     return {"model": digest, "options": options, "tfgen": tfgen.__version__, "tensorflow": tensorflow}
 
 

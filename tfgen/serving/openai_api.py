@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes of `tfgen serve` (`GET /v1/models`, `POST /v1/completions`,
 `POST /v1/chat/completions`): requests (`tfgen.serving.openai_protocol`) become rows of the served version's
 continuous-batching engine, tokenized and detokenized with the export's own tokenizer (`ServedModel.tokenizer`,
-from `assets.extra/tokenizer/`); answers are OpenAI's objects, whole or as server-sent events.
+from `assets.extra/tokenizer/`); answers are OpenAI's objects, whole or as server-sent events. Requests with a
+`response_format` run as whole calls of the export's `structured` signature instead (`openai_structured`).
 
 Stop strings are matched here, on the text decoded so far: a row whose text reaches one is cancelled (its slot is
 freed at the engine's next call) and its text cut before the stop string, as OpenAI does. `served` is always a

@@ -146,8 +146,9 @@ def structured_choices(served, request: CompletionRequest, eos_ids) -> Structure
 
 
 def _call_inputs(rows: list, budget: int, request: CompletionRequest) -> dict:
-    """The signature's inputs for `rows` (`(prompt ids, seed pair)`): prompts left-padded to a power-of-two width,
-    rows padded to a power of two with empty rows (budget 0)."""
+    """The signature's inputs for `rows` (`(prompt ids, seed pair)`): prompts left-padded to a power-of-two width
+    (positions follow the mask, so padding changes no token), rows padded to a power of two with empty rows
+    (budget 0)."""
     count = 1 << (len(rows) - 1).bit_length()
     width = max(MIN_WIDTH, 1 << (max(len(ids) for ids, _ in rows) - 1).bit_length())
     ids = np.zeros([count, width], np.int32)
