@@ -83,6 +83,26 @@ def test_json_schema_answer_validates_against_the_schema(client):
     assert 0 < answer.usage.completion_tokens <= BUFFER
 
 
+def test_the_clients_parse_helper_gets_its_pydantic_model(client):
+    """`client.chat.completions.parse(response_format=Model)`: the client sends the model's strict schema (`$defs`,
+    `$ref`, `additionalProperties: false`) and parses the answer into the model."""
+    import enum
+
+    import pydantic
+
+    class Role(enum.StrEnum):
+        admin = "admin"
+        user = "user"
+
+    class Verdict(pydantic.BaseModel):
+        ok: bool
+        role: Role
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    answer = parse(model=MODEL, messages=MESSAGES, response_format=Verdict, seed=3)
+    assert isinstance(answer.choices[0].message.parsed, Verdict)
+
+
 def test_greedy_json_schema_completion_validates(client):
     answer = client.completions.create(model=MODEL, prompt=CODE_PROMPT, temperature=0,
                                        extra_body={"response_format": JSON_SCHEMA})
