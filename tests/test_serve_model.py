@@ -19,7 +19,7 @@ from conftest import build_hf_gpt2
 from tfgen.cli import main
 
 # The smallest export that serves: one plain-graph signature, two new tokens, no slots.
-QUICK = ["--no-jit", "--signatures", "greedy", "--max-new-tokens", "2", "--slots", "0"]
+QUICK = ["--no-jit", "--signatures", "greedy", "--max-new-tokens", "2", "--slots", "0", "--structured-inputs", "0"]
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 
 # TF-free, so `tfgen serve --help` answers without TensorFlow.
 from tfgen.commands import add_model_argument
+from tfgen.commands.export_cache import DEFAULT_STRUCTURED_INPUTS
 from tfgen.commands.interrupts import INTERRUPTED_STATUS
 from tfgen.engine.options import DEFAULT_STEPS_PER_CALL
 from tfgen.serving.options import (
@@ -60,6 +61,10 @@ def add_parser(subparsers) -> None:
                            help="comma-separated subset of the signatures to export (default: all)")
     exporting.add_argument("--slots", type=int, help="decode rows of continuous batching (`tfgen export --slots`)")
     exporting.add_argument("--slot-length", type=int, help="buffer columns of a slot (`tfgen export --slot-length`)")
+    default_tables = ",".join(map(str, DEFAULT_STRUCTURED_INPUTS))
+    exporting.add_argument("--structured-inputs", type=_table_sizes, metavar="STATES,CLASSES",
+                           help="automaton table sizes of the `structured` signature, which serves the OpenAI "
+                           f"routes' response_format (default {default_tables}; 0: leave it out)")
     parser.add_argument(
         "--port", type=int, default=None,
         help=f"gRPC port (default {DEFAULT_GRPC_PORT}, TF Serving's; 0: any free). gRPC needs tensorflow-serving-api "
@@ -116,7 +121,21 @@ def grpc_port(args) -> int | None:
 
 
 # The export flags of `tfgen serve` (beside `--no-jit` and `--no-text`), as `export_model` takes them.
-EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length", "quantize")
+EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length", "quantize", "structured_inputs")
+
+
+def _table_sizes(text: str) -> tuple:
+    """`--structured-inputs`: `(STATES, CLASSES)`, or `()` for "0" (no `structured` signature)."""
+    import argparse
+
+    from tfgen.export.structured_inputs import check_structured_inputs
+
+    if text.strip() == "0":
+        return ()
+    try:
+        return check_structured_inputs(text.split(","))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def check_export_flags(args) -> None:
@@ -171,6 +190,9 @@ def run(args) -> int:
     if args.export_dir is not None:
         return _status(serve(args.export_dir, started=started, **options))
     export_options = {name: getattr(args, name) for name in EXPORT_OPTIONS if getattr(args, name) is not None}
+    export_options.setdefault("structured_inputs", DEFAULT_STRUCTURED_INPUTS)
+    if not export_options["structured_inputs"]:
+        del export_options["structured_inputs"]
     if args.no_jit:
         export_options["jit_compile"] = False
     if args.no_text:

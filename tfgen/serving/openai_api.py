@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes of `tfgen serve` (`GET /v1/models`, `POST /v1/completions`,
 `POST /v1/chat/completions`): requests (`tfgen.serving.openai_protocol`) become rows of the served version's
 continuous-batching engine, tokenized and detokenized with the export's own tokenizer (`ServedModel.tokenizer`,
-from `assets.extra/tokenizer/`); answers are OpenAI's objects, whole or as server-sent events.
+from `assets.extra/tokenizer/`); answers are OpenAI's objects, whole or as server-sent events. Requests with a
+`response_format` run as whole calls of the export's `structured` signature instead (`openai_structured`).
 
 Stop strings are matched here, on the text decoded so far: a row whose text reaches one is cancelled (its slot is
 freed at the engine's next call) and its text cut before the stop string, as OpenAI does. `served` is always a
@@ -26,6 +27,7 @@ from tfgen.config.knobs import KNOBS
 from tfgen.engine.scheduler import EngineFull, EngineStopped, Row
 from tfgen.serving.errors import RequestError
 from tfgen.serving.openai_protocol import CompletionRequest, OpenAIError, invalid, parse_completion, seed_pair
+from tfgen.serving.openai_structured import structured_choices
 from tfgen.serving.requests import parse_json_body
 
 #: What a request refused for a full queue is told to wait (seconds, the 503's Retry-After).
@@ -66,17 +68,13 @@ def list_models(models) -> dict:
 
 def complete(served, request: CompletionRequest):
     """The answer to a checked request: a dict (OpenAI's `chat.completion` / `text_completion`), or with `stream`
-    an `EventStream`. Its rows are queued before this returns, so a full queue is a 503 OpenAIError now."""
-    rows = _rows(served, request)
-    events = queue.SimpleQueue()
-    for index, row in enumerate(rows):
-        row.listener = _Tagged(events, index)
-    try:
-        served.engine.submit(rows)
-    except (EngineFull, EngineStopped) as error:
-        raise OpenAIError(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is busy or stopping: {error}; retry in "
-                          f"{RETRY_AFTER} s") from None
-    follower = _follow(served, request, rows, events)
+    an `EventStream`. Its rows are queued before this returns, so a full queue is a 503 OpenAIError now; with
+    `response_format`, its whole call of the `structured` signature runs before this returns."""
+    if request.response_format is not None:
+        follower = structured_choices(served, request, _eos_ids(served))
+        rows = follower.rows
+    else:
+        rows, follower = _submitted(served, request)
     header = {"id": ("chatcmpl-" if request.chat else "cmpl-") + uuid.uuid4().hex, "created": int(time.time()),
               "model": request.model}
     if request.stream:
@@ -94,6 +92,20 @@ def complete(served, request: CompletionRequest):
                    for index, text in enumerate(texts)]
     return {**header, "object": "chat.completion" if request.chat else "text_completion", "choices": choices,
             "usage": _usage(request, rows)}
+
+
+def _submitted(served, request: CompletionRequest) -> tuple[list[Row], _follow]:
+    """The request's engine rows, queued, and the follower of their progress (503 OpenAIError: a full queue)."""
+    rows = _rows(served, request)
+    events = queue.SimpleQueue()
+    for index, row in enumerate(rows):
+        row.listener = _Tagged(events, index)
+    try:
+        served.engine.submit(rows)
+    except (EngineFull, EngineStopped) as error:
+        raise OpenAIError(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is busy or stopping: {error}; retry in "
+                          f"{RETRY_AFTER} s") from None
+    return rows, _follow(served, request, rows, events)
 
 
 class EventStream:

@@ -24,10 +24,11 @@ _IGNORED = ("user", "store", "metadata", "service_tier")
 _NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (None, 0, 0.0),
             "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "tools": (None, []),
             "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "functions": (None, []),
-            "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
+            "function_call": (None, "none"), "echo": (None, False),
             "suffix": (None, ""), "best_of": (None, 1), "modalities": (None, ["text"]), "audio": (None,),
             "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
-_SAMPLING = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options")
+_SAMPLING = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+             "response_format")
 _FIELDS = {"chat": {"messages", "max_completion_tokens", *_SAMPLING}, "text": {"prompt", *_SAMPLING}}
 _ROLES = ("system", "developer", "user", "assistant")
 
@@ -75,6 +76,8 @@ class CompletionRequest:
     stop: tuple = ()
     stream: bool = False
     include_usage: bool = False
+    #: The request's `response_format` as sent (None: plain text); `tfgen.serving.openai_structured` checks it.
+    response_format: dict | None = None
 
 
 def parse_completion(body, chat: bool, tokenizer) -> CompletionRequest:
@@ -117,6 +120,8 @@ def parse_completion(body, chat: bool, tokenizer) -> CompletionRequest:
         if not request.stream:
             raise invalid("stream_options", "stream_options needs stream: true")
         request.include_usage = _boolean(options, "include_usage")
+    if body.get("response_format") not in (None, {"type": "text"}):
+        request.response_format = body["response_format"]
     request.prompts = [_chat_prompt(body, tokenizer)] if chat else _text_prompts(body, tokenizer)
     if len(request.prompts) * request.n > MAX_CHOICES:
         raise invalid("n", f"the request asks for {len(request.prompts) * request.n} choices; the limit is "
