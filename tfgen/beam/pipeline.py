@@ -135,7 +135,7 @@ def _run(args, beam_args: list[str]) -> int:
         options["stop_strings"] = args.stop_strings
     template_kwargs = None if args.chat_template_kwargs is None else parse_template_kwargs(args.chat_template_kwargs)
     handler = TFGenModelHandler(
-        args.model if args.model is not None else _default_model(), tokenizer=args.tokenizer,
+        args.model if args.model is not None else _default_model(), tokenizer=args.tokenizer, quantize=args.quantize,
         batch_size=args.batch_size, seed=args.seed, raw=args.raw, chat_template_kwargs=template_kwargs,
         min_batch_size=args.min_batch_size, max_batch_size=args.max_batch_size,
         share_model_across_processes=args.share_model, **options,
