@@ -2,11 +2,13 @@
 flags] [Beam pipeline options]`: `tfgen batch`'s job as a Beam pipeline, writing the rows `tfgen batch` writes, in
 input order.
 
-Beam's own options (`--runner`, `--project`, `--region`, `--temp_location`, `--flink_master`, ...) pass through to
-`PipelineOptions`; without `--runner` the pipeline runs on the DirectRunner, in this process. The launcher reads the
-input (JSONL or TFRecord, local or `gs://`, through `tfgen.batch.inputs`) and refuses unreadable lines and repeated
-ids at once; the workers check the rest of each row (`TFGenModelHandler`). Beam does not keep order, so every row
-carries its input position and the results are written sorted by it (one output file, gathered on one worker).
+`--model` may also be a tfgen export (`tfgen export`'s folder or a version folder), run through its signatures
+(`tfgen.beam.export_job`). Beam's own options (`--runner`, `--project`, `--region`, `--temp_location`,
+`--flink_master`, ...) pass through to `PipelineOptions`; without `--runner` the pipeline runs on the DirectRunner, in
+this process. The launcher reads the input (JSONL or TFRecord, local or `gs://`, through `tfgen.batch.inputs`) and
+refuses unreadable lines and repeated ids at once; the workers check the rest of each row (`TFGenModelHandler`). Beam
+does not keep order, so every row carries its input position and the results are written sorted by it (one output
+file, gathered on one worker).
 """
 
 from __future__ import annotations
