@@ -245,7 +245,8 @@ def test_cli_exports_then_serves_a_model_folder(tiny_checkpoint, tiny_model, tmp
     assert {"saved_model.pb", "variables", "assets.extra"} <= set(os.listdir(out / "1"))
     info = json.loads((out / "1" / "assets.extra" / "tfgen_export.json").read_text())
     signatures = {"greedy": SIGNATURES["greedy"].description}
-    assert info == {"max_new_tokens": 4, "jit_compile": False, "signatures": signatures, "num_beams": 3,
+    assert info == {"max_new_tokens": 4, "vocab_size": 97, "max_positions": 64, "jit_compile": False,
+                    "signatures": signatures, "num_beams": 3,
                     "contrastive_top_k": 5, "prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3,
                     "warmup_requests": 1}  # no slots: a jit_compile=False export has no slot signatures
     assert cli_main(export) == 2  # the version exists: refused, untouched

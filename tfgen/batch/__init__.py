@@ -12,7 +12,8 @@ run, or a run on 2 or 64 replicas, writes exactly the rows an uninterrupted sing
 Modules, one concern each: `options` (defaults and option choices, TensorFlow-free), `inputs` (reading JSONL,
 TFRecord and in-memory prompts), `rows` (row checks, bad rows, the prompt table), `chatrows` (`messages` rows and
 their chat-template rendering), `rowoptions` (per-row options, honoured or refused by name), `planning` (row
-seeds, windows, groups, steps), `runner` (groups on replicas through generate()'s compiled programs), `jobfiles`
+seeds, windows, groups, steps), `grouprunner` (what needs no model: windows run step by step, row budgets and keys,
+output records), `runner` (groups on replicas through generate()'s compiled programs), `jobfiles`
 (the resumable output and its manifest), `rowdigests` (the digests that vouch for the output's rows), `joblock` (the
 lock that keeps a second run off an output), `distribute` (strategies by name, a lost worker as `WorkerLost`),
 `job` (`batch_generate`, `run_batch_job`).

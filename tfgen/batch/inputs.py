@@ -5,6 +5,7 @@ any prompt, or a line nested absurdly deep, becomes an `Unreadable` record befor
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -12,7 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfgen.batch.options import INPUT_FORMATS
-from tfgen.batch.rows import ROW_KEYS, Unreadable
+from tfgen.batch.rows import ROW_KEYS, Unreadable, metadata_warning, read_keys
+
+logger = logging.getLogger(__name__)
 
 # Records `tf.data` hands over at a time: fewer host round trips than one at a time.
 _READ_CHUNK = 1024
@@ -49,9 +52,10 @@ def input_records(path: str, input_format: str, max_bytes: int) -> tuple[Iterato
 
 def prompt_records(prompts) -> Iterator[tuple[int, Any]]:
     """In-memory prompts as records: strings, id lists and conversations (lists of message dicts) get their index as
-    id; dicts are taken as they are."""
+    id; dicts are read as rows (`tfgen.batch.rows.read_keys`: metadata keys left out, with one warning)."""
     if isinstance(prompts, (str, bytes, dict)) or not isinstance(prompts, Iterable):
         raise TypeError(f"prompts must be a sequence of strings, token-id lists or dicts, got {type(prompts).__name__}")
+    metadata: set = set()
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             yield index, {"id": index, "prompt": prompt}
@@ -60,11 +64,15 @@ def prompt_records(prompts) -> Iterator[tuple[int, Any]]:
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             yield index, {"id": index, "input_ids": np.asarray(prompt).tolist()}
         else:
-            yield index, prompt
+            yield index, read_keys(prompt, metadata)
+    if metadata:
+        logger.warning("prompts: %s", metadata_warning(metadata))
 
 
 def _jsonl_records(path: str, max_bytes: int) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object or `Unreadable`) per non-blank line; of an object, only the keys a row uses."""
+    """(line number, parsed object or `Unreadable`) per non-blank line; of an object, only the keys a row uses
+    (`tfgen.batch.rows.read_keys`; the metadata keys left out are named in one warning at the end)."""
+    metadata: set = set()
     for number, line in _lines(path, max_bytes):
         if isinstance(line, int):
             yield number, Unreadable(f"the line holds {line:,} bytes; a line may hold at most {max_bytes:,} (for "
@@ -81,7 +89,9 @@ def _jsonl_records(path: str, max_bytes: int) -> Iterator[tuple[int, Any]]:
         except ValueError as error:  # bad JSON and bad UTF-8 alike
             yield number, Unreadable(f"malformed JSON ({error})")
             continue
-        yield number, {key: record[key] for key in ROW_KEYS if key in record} if isinstance(record, dict) else record
+        yield number, read_keys(record, metadata)
+    if metadata:
+        logger.warning("%s: %s", path, metadata_warning(metadata))
 
 
 def first_messages_line(path: str, input_format: str) -> int | None:

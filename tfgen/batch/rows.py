@@ -8,6 +8,7 @@ Records come from `tfgen.batch.inputs` as `(number, record)` pairs, a record bei
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
@@ -19,9 +20,13 @@ from tfgen.batch.chatrows import conversation_text, messages_problem, user_messa
 from tfgen.batch.rowoptions import HONOURED, REFUSED, check_row_options, option_arrays, refused_key
 from tfgen.value_types import is_integer
 
-#: The keys a row is read for (others are dropped as soon as a line is parsed): its id, its prompt, and the
-#: per-row options, honoured or refused by name (`tfgen.batch.rowoptions`).
+#: The keys a row is read for: its id, its prompt, and the per-row options, honoured or refused by name
+#: (`tfgen.batch.rowoptions`). Other keys are metadata, left out as soon as a line is parsed (`read_keys`), except
+#: those that misspell one of these (`misspelled_key`), which make the row bad.
 ROW_KEYS = ("id", "prompt", "messages", "input_ids", *HONOURED, *REFUSED)
+# An unknown key of 4 characters or more this close to a row key (difflib's ratio) is taken for a misspelling of it:
+# "temprature", "promt", "seeds" are; metadata names such as "source", "prompt_id", "uid", "category" are not.
+_MISSPELLING_CUTOFF = 0.85
 _PROMPT_KEYS = ("prompt", "messages", "input_ids")
 
 # Rows tokenized per tokenizer call: large enough for the tokenizer's batch speed, small enough to keep the
@@ -37,6 +42,39 @@ RECORD_BYTES_PER_POSITION = 64
 MIN_RECORD_BYTES = 1 << 20
 # Bad rows named in a message; the rest are counted (a file job writes them all to its skipped-rows file).
 _SHOWN_BAD_ROWS = 20
+
+
+def misspelled_key(key) -> str | None:
+    """The row key (`ROW_KEYS`) an unknown key misspells ("temprature" -> "temperature", "Top-P" -> "top_p"), or
+    None: a row key itself, or a metadata key."""
+    if not isinstance(key, str) or key in ROW_KEYS:
+        return None
+    normalized = key.strip().lower().replace("-", "_").replace(" ", "_")
+    if normalized in ROW_KEYS:
+        return normalized
+    close = difflib.get_close_matches(normalized, ROW_KEYS, n=1, cutoff=_MISSPELLING_CUTOFF) if len(key) >= 4 else []
+    return close[0] if close else None
+
+
+def read_keys(record, metadata: set):
+    """A parsed row as a job reads it: its row keys, and unknown keys that misspell one (`misspelled_key`: the row
+    is then bad, naming the key); its other keys are metadata, left out and added to `metadata` so that the reader
+    warns once (`metadata_warning`). A record that is not a dict is returned as it is."""
+    if not isinstance(record, dict):
+        return record
+    kept = {}
+    for key, value in record.items():
+        if key in ROW_KEYS or misspelled_key(key) is not None:
+            kept[key] = value
+        else:
+            metadata.add(str(key))
+    return kept
+
+
+def metadata_warning(metadata: set) -> str:
+    """The one warning of a job whose rows carry metadata keys (`read_keys`), naming them."""
+    return (f"rows carry keys a batch job does not read, left out as metadata: {', '.join(map(repr, sorted(metadata)))}"
+            f" (a job reads {', '.join(ROW_KEYS[:4])} and per-row options; docs/batch.md)")
 
 
 def record_byte_limit(max_positions: int | None) -> int:
@@ -148,6 +186,11 @@ def _check_record(record, rules: RowRules) -> tuple[str | None, Any]:
         return record.reason, None
     if not isinstance(record, dict):
         return f"expected an object with 'id' and 'prompt' or 'input_ids', got {type(record).__name__}", None
+    for key in record:
+        if (meant := misspelled_key(key)) is not None:
+            row_id = record.get("id")
+            usable = isinstance(row_id, (int, str)) and not isinstance(row_id, bool)
+            return f"unknown key {key!r} (did you mean {meant!r}?)", row_id if usable else None
     if "id" not in record:
         return "missing 'id'", None
     row_id = record["id"]

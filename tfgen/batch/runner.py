@@ -9,18 +9,16 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from tfgen.batch.chatrows import check_template_kwargs
-from tfgen.batch.distribute import peers_checked
-from tfgen.batch.planning import Group, check_job_seed, default_window, plan_window, row_seeds, steps, windows
+from tfgen.batch.grouprunner import GroupRunner
+from tfgen.batch.planning import Group, check_job_seed, default_window
 from tfgen.batch.rowoptions import over_budget
 from tfgen.batch.rows import BadRow, PromptTable, RowRules, record_byte_limit
 from tfgen.config.budget import answer_budget
-from tfgen.decoding.random import derive_seeds
 from tfgen.generation import compile_cache
 from tfgen.generation.programs import announce_compile, generate_program
 from tfgen.request.buckets import DEFAULT_BUCKETS
@@ -138,8 +136,9 @@ def _tokenizer_digest(tokenizer) -> str | None:
     return digest.hexdigest()
 
 
-class BatchRunner:
-    """Runs the planned groups of a `PromptTable` on the replicas of a strategy and shapes the results.
+class BatchRunner(GroupRunner):
+    """Runs the planned groups of a `PromptTable` on the replicas of a strategy with the model's compiled programs
+    (windows, row keys and output records: `GroupRunner`).
 
     `around_compile`: a factory of a context manager entered around a step whose program compiles (a progress
     bar steps out of the way of the compile notice); default: nothing.
@@ -238,61 +237,6 @@ class BatchRunner:
             "buckets": dataclasses.asdict(self.buckets),
         }
 
-    def windows(self, table: PromptTable, first_row: int = 0) -> Iterator[tuple[int, list[dict]]]:
-        """Yields `(start, results)` per window from the one holding `first_row`; `results` are the output
-        records of rows `[start, start + len(results))` in input order."""
-        lengths = table.lengths
-        for start, stop in windows(len(table), self.window, first_row):
-            generated: list = [None] * (stop - start)
-            for step in steps(plan_window(lengths, start, stop, self.batch_size, self.buckets), self.replicas):
-                with peers_checked(self.strategy):
-                    step_outputs = self._run_step(table, step)
-                for group, outputs in zip(step, step_outputs):
-                    for row, row_output in zip(group.rows if group is not None else (), outputs):
-                        generated[row - start] = row_output
-            yield start, self._records(table, start, generated)
-
-    def _records(self, table: PromptTable, start: int, generated: list) -> list[dict]:
-        """Output records of rows `start, start + 1, ...` from `(new tokens int32 [max_new_tokens], generated
-        length)` each."""
-        budgets = self._budgets(table, np.arange(start, start + len(generated)))
-        finished = [self._trim(tokens, length, budget) for (tokens, length), budget in zip(generated, budgets)]
-        token_lists = [tokens for tokens, _ in finished]
-        texts = (
-            self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
-            if self.tokenizer is not None
-            else [None] * len(token_lists)
-        )
-        return [
-            {"id": table.ids[start + offset], "text": text, "token_ids": tokens, "finish_reason": reason}
-            for offset, (text, (tokens, reason)) in enumerate(zip(texts, finished))
-        ]
-
-    def _trim(self, tokens: np.ndarray, length: int, budget: int) -> tuple[list, str]:
-        """The row's generated ids (the first `length`, its last token included) and why it stopped: "eos",
-        "length" (its `budget`) or "stop" (a stop string)."""
-        tokens = tokens[:length]
-        if length and int(tokens[-1]) in self.eos_ids:
-            return tokens.tolist(), "eos"
-        return tokens.tolist(), "length" if length == budget else "stop"
-
-    def _budgets(self, table: PromptTable, rows) -> np.ndarray:
-        """int32 `[len(rows)]`: each row's `max_new_tokens`, its own or the job's."""
-        own = table.options.get("max_new_tokens")
-        if own is None:
-            return np.full([len(rows)], self.max_new_tokens, np.int32)
-        return np.where(own[rows] > 0, own[rows], self.max_new_tokens).astype(np.int32)
-
-    def _row_keys(self, table: PromptTable, rows) -> np.ndarray:
-        """int32 `[len(rows), 2]` sampling keys: from the job seed and each id (`row_seeds`), or from the row's own
-        `seed` as `generate(prompt, seed=seed)` keys a prompt alone."""
-        keys = row_seeds(self.job_seed, [table.ids[row] for row in rows])
-        has_seed = table.options.get("has_seed")
-        if has_seed is not None and has_seed[rows].any():
-            own = has_seed[rows]
-            keys[own] = derive_seeds(table.options["seed"][rows][own], np.zeros([int(own.sum())], np.int64)).numpy()
-        return keys
-
     def _with_row_knobs(self, request: Request, table: PromptTable, rows) -> Request:
         """`request` with the rows' own `temperature` / `top_p` (per-row knobs of a sampling program)."""
         knobs = dict(request.inputs.knobs)
@@ -310,27 +254,21 @@ class BatchRunner:
         """The generate request of one group at `width` columns (`None`: a filler group whose rows generate
         nothing), every row with `max_new_tokens` to generate but the filler rows, which get 0."""
         rows = group.rows if group is not None else ()
-        ids = np.full((self.batch_size, width), self.pad_id, np.int32)
-        mask = np.zeros((self.batch_size, width), np.int32)
-        mask[:, -1] = 1  # filler rows need one visible token to pass the checks; their budget is 0
-        for index, row in enumerate(rows):
-            prompt = table.prompt(row)
-            ids[index, width - len(prompt) :] = prompt
-            mask[index, width - len(prompt) :] = 1
+        ids, mask = self.padded_prompts(table, rows, width)
         seeds = None
         if self.config.do_sample:
             seeds = np.zeros((self.batch_size, 2), np.int32)
             if len(rows):
-                seeds[: len(rows)] = self._row_keys(table, rows)
+                seeds[: len(rows)] = self.row_keys(table, rows)
         request = prepare_request(self.model, ids, call=self.call, seed=seeds, attention_mask=mask)
         budgets = np.zeros([self.batch_size], np.int32)
         if len(rows):
-            budgets[: len(rows)] = self._budgets(table, rows)
+            budgets[: len(rows)] = self.row_budgets(table, rows)
             if table.options:
                 request = self._with_row_knobs(request, table, rows)
         return request.with_budgets(budgets)
 
-    def _run_step(self, table: PromptTable, step: list[Group | None]) -> list[list]:
+    def run_step(self, table: PromptTable, step: list[Group | None]) -> list[list]:
         """Runs one group per replica; returns per group its rows' `(new tokens int32 [max_new_tokens], generated
         length)`."""
         width = step[0].width

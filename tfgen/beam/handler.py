@@ -6,24 +6,26 @@ each `PredictionResult.inference` is the row `tfgen batch` writes for it (`id`, 
 job's own `BatchRunner` (length-sorted groups of `batch_size` rows, left-padded to their bucket, filler rows to a
 fixed batch size), so the programs, the row keys (the job seed and the row's id, or the row's own `seed`) and so
 the outputs are those of `tfgen batch`: a row's output depends on the row alone, not on which batch, bundle or
-retry it lands in.
+retry it lands in. A tfgen export given as the model runs the same groups through its `greedy` / `sample`
+signatures instead (`tfgen.beam.export_job.ExportJob`), with the same rows out.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from tfgen.batch.options import DEFAULT_BATCH_SIZE, DEFAULT_SEED, WINDOW_GROUPS
 from tfgen.batch.planning import check_job_seed
-from tfgen.batch.rows import ROW_KEYS, BadRow, list_bad_rows
+from tfgen.beam.export_job import ExportJob, plan_export_job
+from tfgen.beam.rowjob import generate_rows
 from tfgen.config.generation_config import GenerationConfig
 from tfgen.hub.pull import check_model_argument
+from tfgen.local_files import is_export_folder
+from tfgen.models.quantize_modes import check_quantize
 from tfgen.value_types import is_integer
 
 # generate() arguments that are not GenerationConfig attributes but that a batch job takes.
@@ -34,10 +36,10 @@ _MODELS: dict[tuple, tuple] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _load(model: str, tokenizer: str | None) -> tuple:
+def _load(model: str, tokenizer: str | None, quantize: str | None = None) -> tuple:
     """(model, tokenizer or None) of a `--model` value, loaded once per process (as `tfgen batch` loads them)."""
     with _MODELS_LOCK:
-        key = (model, tokenizer)
+        key = (model, tokenizer, quantize)
         if key not in _MODELS:
             from tfgen.auto.models import load_generation_model
             from tfgen.auto.tokenizer import AutoTokenizer
@@ -50,7 +52,8 @@ def _load(model: str, tokenizer: str | None) -> tuple:
                 if tokenizer:
                     raise
                 loaded_tokenizer = None  # rows then need input_ids, and `text` is None (as in `tfgen batch`)
-            _MODELS[key] = (load_generation_model(path), loaded_tokenizer)
+            options = {} if quantize is None else {"quantize": quantize}
+            _MODELS[key] = (load_generation_model(path, **options), loaded_tokenizer)
         return _MODELS[key]
 
 
@@ -62,7 +65,7 @@ class BeamJob:
     def __init__(self, model: str, tokenizer: str | None, settings: dict):
         from tfgen.batch.runner import BatchRunner
 
-        self.model, self.tokenizer = _load(model, tokenizer)
+        self.model, self.tokenizer = _load(model, tokenizer, settings.get("quantize"))
         self.runner = BatchRunner(
             self.model, None, None, self.tokenizer, settings["batch_size"], settings["batch_size"] * WINDOW_GROUPS,
             settings["seed"], dict(settings["generate_kwargs"]), raw=settings["raw"],
@@ -77,28 +80,7 @@ class BeamJob:
     def generate(self, rows: Sequence[dict]) -> list[dict]:
         """The output rows of `rows` (dicts as `tfgen batch` reads them), in order; raises ValueError naming every
         bad row (by id) before generating any."""
-        from tfgen.batch.rows import build_table
-
-        records = [(index, _row_keys(row)) for index, row in enumerate(rows)]
-        table, bad = build_table(records, self.runner.rules("element"))
-        if bad:
-            raise ValueError(_bad_rows_message(bad, rows))
-        with self._lock:
-            self.runner.window = max(len(table), 1)  # the whole Beam batch sorted by length together
-            return [record for _, records in self.runner.windows(table) for record in records]
-
-
-def _row_keys(row: Any) -> Any:
-    """A row as `tfgen batch`'s reader keeps it: only the keys a row is read for (`ROW_KEYS`)."""
-    return {key: row[key] for key in ROW_KEYS if key in row} if isinstance(row, dict) else row
-
-
-def _bad_rows_message(bad: list[BadRow], rows: Sequence) -> str:
-    """The error of a Beam batch holding bad rows: each by its id (without a usable one: by its text), as
-    `tfgen.batch.rows.list_bad_rows` lists a file's by line."""
-    named = [dataclasses.replace(row, unit="row", number=repr(row.id) if row.id is not None
-                                 else f"{str(rows[row.number])[:80]} (no usable id)") for row in bad]
-    return f"tfgen.beam: {len(bad)} bad row(s) in a batch of {len(rows)}:\n{list_bad_rows(named)}"
+        return generate_rows(self.runner, rows, self._lock)
 
 
 class TFGenModelHandler(ModelHandler[dict, PredictionResult, BeamJob]):
@@ -107,9 +89,15 @@ class TFGenModelHandler(ModelHandler[dict, PredictionResult, BeamJob]):
     writes. Wrap it in `KeyedModelHandler` for `(key, row)` elements.
 
     Args:
-        model: what `tfgen batch --model` takes: a model folder, a GGUF file, a registered name or a Hub id; loaded
-            in-process once per worker process (`share_model_across_processes`: once per machine).
-        tokenizer: a tokenizer folder or Hub id (default: the model's).
+        model: what `tfgen batch --model` takes: a model folder, a GGUF file, a registered name or a Hub id, loaded
+            in-process once per worker process (`share_model_across_processes`: once per machine); or a tfgen
+            export (`tfgen export`'s folder: its newest version, or a version folder), loaded with
+            `tf.saved_model.load` and run through its `greedy` (a greedy job) or `sample` (a sampling job)
+            signature, with the tokenizer it carries. The options an export fixed when it was written (its
+            processors, stop strings, structured output, token buffer) cannot change: a job option that differs
+            from the export's, a job that needs a signature the export lacks, or `quantize` is refused, naming it.
+        tokenizer: a tokenizer folder or Hub id (default: the model's, or the export's).
+        quantize: load the weights quantized (`tfgen batch --quantize`; not for an export).
         batch_size: rows per compiled call, as `tfgen batch --batch-size` (the program's batch dimension).
         seed: the job seed `[2]`; each row samples with a key from it and the row's id (or its own `seed`).
         raw, chat_template_kwargs: as `tfgen batch --raw` / `--chat-template-kwargs`.
@@ -125,12 +113,16 @@ class TFGenModelHandler(ModelHandler[dict, PredictionResult, BeamJob]):
     """
 
     def __init__(self, model: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
+                 quantize: str | None = None,
                  batch_size: int = DEFAULT_BATCH_SIZE, seed=DEFAULT_SEED, raw: bool = False,
                  chat_template_kwargs: dict | None = None, min_batch_size: int | None = None,
                  max_batch_size: int | None = None, share_model_across_processes: bool = False, **generate_kwargs):
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model: a path, registered name or Hub id, got {type(model).__name__}")
-        check_model_argument(os.fspath(model))
+        export = is_export_folder(os.path.expanduser(os.fspath(model)))
+        if not export:
+            check_model_argument(os.fspath(model))
+        check_quantize(quantize)
         if not is_integer(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         max_batch_size = batch_size * WINDOW_GROUPS if max_batch_size is None else max_batch_size
@@ -146,15 +138,20 @@ class TFGenModelHandler(ModelHandler[dict, PredictionResult, BeamJob]):
                              "prompt of the whole input, which a Beam worker never sees)")
         # Unknown or invalid options are refused here, naming them, rather than on every worker after loading.
         GenerationConfig(**{k: v for k, v in generate_kwargs.items() if k not in _CALL_ARGUMENTS})
+        self._export = (plan_export_job(os.path.expanduser(os.fspath(model)), generate_kwargs, quantize) if export
+                        else None)
         super().__init__(min_batch_size=min_batch_size, max_batch_size=max_batch_size,
                          large_model=share_model_across_processes)
         self._model = os.fspath(model)
         self._tokenizer = None if tokenizer is None else os.fspath(tokenizer)
         self._settings = dict(batch_size=batch_size, seed=check_job_seed(seed).tolist(), raw=bool(raw),
-                              chat_template_kwargs=chat_template_kwargs, generate_kwargs=dict(generate_kwargs))
+                              chat_template_kwargs=chat_template_kwargs, generate_kwargs=dict(generate_kwargs),
+                              quantize=quantize)
 
-    def load_model(self) -> BeamJob:
-        """The worker's model and runner (the model loaded once per process)."""
+    def load_model(self) -> BeamJob | ExportJob:
+        """The worker's model and runner (the model or export loaded once per process)."""
+        if self._export is not None:
+            return ExportJob(self._export, self._tokenizer, self._settings)
         return BeamJob(self._model, self._tokenizer, self._settings)
 
     def run_inference(self, batch: Sequence[dict], model: BeamJob, inference_args: dict | None = None

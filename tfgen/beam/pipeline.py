@@ -2,11 +2,13 @@
 flags] [Beam pipeline options]`: `tfgen batch`'s job as a Beam pipeline, writing the rows `tfgen batch` writes, in
 input order.
 
-Beam's own options (`--runner`, `--project`, `--region`, `--temp_location`, `--flink_master`, ...) pass through to
-`PipelineOptions`; without `--runner` the pipeline runs on the DirectRunner, in this process. The launcher reads the
-input (JSONL or TFRecord, local or `gs://`, through `tfgen.batch.inputs`) and refuses unreadable lines and repeated
-ids at once; the workers check the rest of each row (`TFGenModelHandler`). Beam does not keep order, so every row
-carries its input position and the results are written sorted by it (one output file, gathered on one worker).
+`--model` may also be a tfgen export (`tfgen export`'s folder or a version folder), run through its signatures
+(`tfgen.beam.export_job`). Beam's own options (`--runner`, `--project`, `--region`, `--temp_location`,
+`--flink_master`, ...) pass through to `PipelineOptions`; without `--runner` the pipeline runs on the DirectRunner, in
+this process. The launcher reads the input (JSONL or TFRecord, local or `gs://`, through `tfgen.batch.inputs`) and
+refuses unreadable lines and repeated ids at once; the workers check the rest of each row (`TFGenModelHandler`). Beam
+does not keep order, so every row carries its input position and the results are written sorted by it (one output
+file, gathered on one worker).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def _run(args, beam_args: list[str]) -> int:
         options["stop_strings"] = args.stop_strings
     template_kwargs = None if args.chat_template_kwargs is None else parse_template_kwargs(args.chat_template_kwargs)
     handler = TFGenModelHandler(
-        args.model if args.model is not None else _default_model(), tokenizer=args.tokenizer,
+        args.model if args.model is not None else _default_model(), tokenizer=args.tokenizer, quantize=args.quantize,
         batch_size=args.batch_size, seed=args.seed, raw=args.raw, chat_template_kwargs=template_kwargs,
         min_batch_size=args.min_batch_size, max_batch_size=args.max_batch_size,
         share_model_across_processes=args.share_model, **options,

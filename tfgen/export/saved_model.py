@@ -188,6 +188,8 @@ def export_saved_model(
                                  tokenizer)
         info = {
             "max_new_tokens": buffer_new_tokens,
+            "vocab_size": exporter.vocab_size,
+            "max_positions": exporter.max_positions,
             "jit_compile": bool(jit_compile),
             **dataclasses.asdict(choices),
             "signatures": {name: spec.description for name, spec in specs.items()},

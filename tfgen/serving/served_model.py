@@ -9,7 +9,6 @@ import dataclasses
 import gc
 import logging
 import os
-import re
 import threading
 import time
 from typing import Any
@@ -19,9 +18,8 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tfgen.auto.tokenizer import AutoTokenizer
 from tfgen.engine.scheduler import warm_up as warm_up_engine
-from tfgen.export.saved_model import TOKENIZER_FOLDER
+from tfgen.export.reading import export_tokenizer, export_versions
 from tfgen.export.warmup import replay_warmup_requests
 from tfgen.generation import compile_cache
 from tfgen.serving.batching import attach_engine, engine_predict
@@ -31,10 +29,6 @@ from tfgen.value_types import is_integer
 
 logger = logging.getLogger(__name__)
 
-# TF Serving's version numbers are int64 (gRPC's `model_spec.version`, `ModelVersionStatus.version`).
-MAX_VERSION = 2**63 - 1
-_VERSION_NAME = re.compile(r"[1-9][0-9]*|0")  # a canonical decimal: "007" would name folder "7" elsewhere
-_IGNORED_FOLDERS: set[str] = set()  # folders already reported as not versions (polling looks every second)
 
 
 @dataclasses.dataclass
@@ -185,36 +179,14 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
             for name, definition in meta_graph.signature_def.items()
         },
     )
-    tokenizer_dir = os.path.join(directory, "assets.extra", TOKENIZER_FOLDER)
-    if os.path.isdir(tokenizer_dir):
-        try:
-            served.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        except (OSError, ValueError) as error:  # the version still serves its signatures
-            logger.warning("version %d of %r: its tokenizer (%s) does not load, so the OpenAI routes cannot take "
-                           "text: %s", served.version, served.name, tokenizer_dir, error)
+    try:
+        served.tokenizer = export_tokenizer(directory)
+    except (OSError, ValueError) as error:  # the version still serves its signatures
+        logger.warning("version %d of %r: its tokenizer (assets.extra/) does not load, so the OpenAI routes cannot "
+                       "take text: %s", served.version, served.name, error)
     if batching is not None:
         attach_engine(served, warm=warmup, **batching)
     # Loading and the first compiles free much (the restore's buffers, the compilers' working memory) that glibc
     # would keep: ~0.1 GB after loading SmolLM2-135M's export, ~0.4 GB after its warm-up and engine.
     release_memory()
     return served
-
-
-def export_versions(export_dir: str) -> list[int]:
-    """The complete version folders under `export_dir` (numeric names holding a `saved_model.pb`), ascending. A
-    numeric name beyond int64 or with leading zeros is ignored, with one warning per folder."""
-    try:
-        entries = os.listdir(export_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    versions = []
-    for entry in entries:
-        if not re.fullmatch(r"[0-9]+", entry) or not os.path.isfile(os.path.join(export_dir, entry, "saved_model.pb")):
-            continue  # other names (an export still being written under its temporary name) are not versions
-        if _VERSION_NAME.fullmatch(entry) and int(entry) <= MAX_VERSION:
-            versions.append(int(entry))
-        elif os.path.join(export_dir, entry) not in _IGNORED_FOLDERS:
-            _IGNORED_FOLDERS.add(os.path.join(export_dir, entry))
-            logger.warning("ignoring the folder %r in %s: a version folder's name is a number in 0..%d (int64) "
-                           "without leading zeros", entry, export_dir, MAX_VERSION)
-    return sorted(versions)
