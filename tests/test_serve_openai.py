@@ -181,7 +181,7 @@ def test_stop_cuts_the_text_before_the_stop_string(client, tiny_model, tokenizer
 
 
 @pytest.mark.parametrize("options, param", [
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"max_tokens": BUFFER + 1}, "max_tokens"),

@@ -59,6 +59,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--slot-length", type=int,
                         help="buffer columns of a slot: a request's prompt plus its new tokens (default: "
                         "--max-new-tokens + 256, within the model's positions)")
+    parser.add_argument("--slot-logprobs", type=int, metavar="K",
+                        help="most likely tokens whose log-probabilities the slot signatures record per new token, "
+                        "which `tfgen serve` answers OpenAI's logprobs / top_logprobs from (default 20; 0: none, "
+                        "so a decode step skips the top-K over the vocabulary)")
     add_structured_arguments(parser, "every signature's output (the automaton is baked in; prompt_lookup and the "
                              "slot signatures are left out)")
     parser.add_argument("--structured-inputs", type=_table_sizes, metavar="STATES,CLASSES",
@@ -70,6 +74,7 @@ def add_parser(subparsers) -> None:
 # Beyond these, a slot program's state would not fit this machine's memory for any model worth serving.
 MAX_SLOTS = 1024
 MAX_SLOT_LENGTH = 1 << 20
+MAX_SLOT_LOGPROBS = 1024  # beyond what any client asks for (OpenAI's limit is 20)
 
 
 def _table_sizes(text: str) -> tuple[int, int]:
@@ -103,6 +108,7 @@ def run(args) -> int:
         stop_strings=args.stop_strings,
         slots=args.slots,
         slot_length=args.slot_length,
+        slot_logprobs=args.slot_logprobs,
         structured_inputs=args.structured_inputs,
         **structured,
     )
@@ -120,6 +126,7 @@ def check_export_arguments(args) -> None:
         ("--version", args.version, 0, MAX_VERSION),
         ("--slots", args.slots, 0, MAX_SLOTS),
         ("--slot-length", args.slot_length, 2, MAX_SLOT_LENGTH),
+        ("--slot-logprobs", args.slot_logprobs, 0, MAX_SLOT_LOGPROBS),
     ):
         if value is not None and not low <= value <= high:
             raise ValueError(f"{option} must be in {low}..{high}, got {value}")

@@ -40,6 +40,9 @@ KEY_FILE = "tfgen-export-key.json"
 #: automaton has 1624 states and 137 token classes; schemas of a few fields ~50-250 states and 70-230 classes (see
 #: docs/serving.md). The tables a request carries: 4 MiB.
 DEFAULT_STRUCTURED_INPUTS = (2048, 512)
+#: Bumped when what an export holds changes within one tfgen version, so that older cached exports are redone
+#: (2: the slot state records log-probabilities, for OpenAI's `logprobs`).
+EXPORT_LAYOUT = 2
 
 
 def exports_root() -> Path:
@@ -92,7 +95,8 @@ def export_key(digest: str, options: dict) -> dict:
         tensorflow = None
     # As JSON reads it back from the key file (a tuple option is a list there), so that a written key compares equal.
     options = json.loads(json.dumps(options))
-    return {"model": digest, "options": options, "tfgen": tfgen.__version__, "tensorflow": tensorflow}
+    return {"model": digest, "options": options, "tfgen": tfgen.__version__, "tensorflow": tensorflow,
+            "layout": EXPORT_LAYOUT}
 
 
 def is_complete(folder: Path, key: dict) -> bool:

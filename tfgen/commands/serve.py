@@ -65,6 +65,8 @@ def add_parser(subparsers) -> None:
     exporting.add_argument("--structured-inputs", type=_table_sizes, metavar="STATES,CLASSES",
                            help="automaton table sizes of the `structured` signature, which serves the OpenAI "
                            f"routes' response_format (default {default_tables}; 0: leave it out)")
+    exporting.add_argument("--slot-logprobs", type=int, metavar="K", help="log-probabilities recorded per token for "
+                           "OpenAI's logprobs (`tfgen export --slot-logprobs`; default 20)")
     parser.add_argument(
         "--port", type=int, default=None,
         help=f"gRPC port (default {DEFAULT_GRPC_PORT}, TF Serving's; 0: any free). gRPC needs tensorflow-serving-api "
@@ -121,7 +123,8 @@ def grpc_port(args) -> int | None:
 
 
 # The export flags of `tfgen serve` (beside `--no-jit` and `--no-text`), as `export_model` takes them.
-EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length", "quantize", "structured_inputs")
+EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length", "slot_logprobs", "quantize",
+                  "structured_inputs")
 
 
 def _table_sizes(text: str) -> tuple:
@@ -141,7 +144,7 @@ def _table_sizes(text: str) -> tuple:
 def check_export_flags(args) -> None:
     """Refuses EXPORT_DIR with `--model` or with an export flag (a served export is not exported again), and an
     export flag out of `tfgen export`'s ranges: one-line ValueErrors, before anything loads."""
-    from tfgen.commands.export import MAX_NEW_TOKENS, MAX_SLOT_LENGTH, MAX_SLOTS
+    from tfgen.commands.export import MAX_NEW_TOKENS, MAX_SLOT_LENGTH, MAX_SLOT_LOGPROBS, MAX_SLOTS
 
     if args.export_dir is not None and args.model is not None:
         raise ValueError(f"EXPORT_DIR ({args.export_dir}) and --model ({args.model}): give one (an export folder to "
@@ -153,7 +156,8 @@ def check_export_flags(args) -> None:
                          "exported (`tfgen export` takes the flag)")
     for option, value, low, high in (("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS),
                                      ("--slots", args.slots, 0, MAX_SLOTS),
-                                     ("--slot-length", args.slot_length, 2, MAX_SLOT_LENGTH)):
+                                     ("--slot-length", args.slot_length, 2, MAX_SLOT_LENGTH),
+                                     ("--slot-logprobs", args.slot_logprobs, 0, MAX_SLOT_LOGPROBS)):
         if value is not None and not low <= value <= high:
             raise ValueError(f"{option} must be in {low}..{high}, got {value}")
 

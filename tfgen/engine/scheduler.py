@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfgen.config.knobs import KNOBS
 from tfgen.engine.options import DEFAULT_QUEUE_PER_SLOT, DEFAULT_STEPS_PER_CALL
-from tfgen.engine.slot_state import REQUEST_KNOBS, SlotState
+from tfgen.engine.slot_state import LOGPROBS_ENTRIES, REQUEST_KNOBS, SlotState
 
 logger = logging.getLogger(__name__)
 _MIN_PROMPT_BUCKET = 8
@@ -47,7 +47,9 @@ class Row:
     input_ids / attention_mask: int32 `[W]`, the row as sent (its own left padding included). The knobs are those
     of the `sample` signature; `do_sample` false decodes greedily. `tokens` grows as the row decodes; `listener`
     (a queue) receives each new run of tokens as a list, then None when the row ended. `done` is set at the end;
-    `error` says why a row ended early (it then has no answer).
+    `error` says why a row ended early (it then has no answer). With `logprobs` (the programs must record them,
+    `top_logprobs` > 0), `token_logprobs` grows with `tokens`: per token, (its raw log-probability, the ids and
+    log-probabilities of the programs' K most likely tokens, most likely first), as `SlotState.logprobs` holds them.
     """
 
     input_ids: np.ndarray
@@ -59,7 +61,9 @@ class Row:
     top_k: int = KNOBS["top_k"].neutral
     top_p: float = KNOBS["top_p"].neutral
     listener: queue.SimpleQueue | None = None
+    logprobs: bool = False
     tokens: list = dataclasses.field(default_factory=list)
+    token_logprobs: list = dataclasses.field(default_factory=list)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     error: BaseException | None = None
     cancelled: bool = False
@@ -81,8 +85,8 @@ class Row:
 
 class SlotEngine:
     """Drives slot programs (`programs`: `init()`, `insert(state, rows)`, `steps(state, max_steps, release, rows)`
-    over slots `[0, rows)` for `rows` in `programs.row_buckets`, and the sizes `slots`, `length`, `budget_cap`;
-    the state a `SlotState`) from a scheduler thread, started on the first `submit`.
+    over slots `[0, rows)` for `rows` in `programs.row_buckets`, and the sizes `slots`, `length`, `budget_cap`,
+    `top_logprobs`; the state a `SlotState`) from a scheduler thread, started on the first `submit`.
 
     steps_per_call: tokens each running row gets per `steps` call (a new row waits at most that long to join;
     more amortise the call's fixed costs). max_queue: rows that may wait for a slot; `submit` raises EngineFull
@@ -95,6 +99,8 @@ class SlotEngine:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.programs = programs
         self.slots, self.length, self.budget_cap = programs.slots, programs.length, programs.budget_cap
+        #: K of the log-probabilities the programs record per token (0: none; rows cannot ask for them).
+        self.top_logprobs = int(getattr(programs, "top_logprobs", 0))
         self.steps_per_call = steps_per_call
         self.max_queue = max_queue or DEFAULT_QUEUE_PER_SLOT * self.slots
         self._waiting: deque[Row] = deque()
@@ -116,6 +122,8 @@ class SlotEngine:
             if not self.fits(row.width, row.max_new_tokens):
                 raise ValueError(f"a row of {row.width} columns and {row.max_new_tokens} new tokens does not fit a "
                                  f"slot of {self.length} columns")
+            if row.logprobs and not self.top_logprobs:
+                raise ValueError("logprobs: these slot programs record no log-probabilities")
         with self._condition:
             if self._closed:
                 raise EngineStopped("the engine is closed")
@@ -251,6 +259,10 @@ class SlotEngine:
         generated = np.asarray(state.generated)
         finished = np.asarray(state.finished)
         tokens = np.asarray(state.tokens)
+        # Read back only while a row asks for them ([S, L, K] each).
+        logprobs = None
+        if state.logprobs and any(row is not None and row.logprobs for row in self._owners):
+            logprobs = [np.asarray(state.logprobs[name]) for name in LOGPROBS_ENTRIES]
         ended = []
         with self._condition:
             for slot, row in enumerate(self._owners):
@@ -259,6 +271,9 @@ class SlotEngine:
                 start, stop = row.width + len(row.tokens), row.width + int(generated[slot])
                 if stop > start:
                     new = tokens[slot, start:stop].tolist()
+                    if row.logprobs:  # before `tokens` grows: a reader of both never sees tokens without theirs
+                        chosen, top_ids, top = (entry[slot, start:stop] for entry in logprobs)
+                        row.token_logprobs.extend(zip(chosen.tolist(), top_ids.tolist(), top.tolist()))
                     row.tokens.extend(new)
                     if row.listener is not None:
                         row.listener.put(new)
@@ -290,6 +305,7 @@ class ExportedSlots:
         self._steps = {rows: signatures["slot_steps" if rows == self.slots else f"slot_steps_{rows}"]
                        for rows in self.row_buckets}
         self.budget_cap, self.pad_token_id = int(info["max_new_tokens"]), int(info["pad_token_id"])
+        self.top_logprobs = int(info.get("top_logprobs", 0))  # 0 in exports made before the slot state had them
         self.info = info
 
     def init(self) -> SlotState:

@@ -42,11 +42,13 @@ class SlotPrograms:
 
     slots / length: the decode batch (rows) and buffer columns, static. budget_cap: the most new tokens a row may
     take (the export's `max_new_tokens`). max_positions: the model's positions (budgets are capped so that a row
-    fits), or None.
+    fits), or None. top_logprobs: K, the most likely tokens whose raw log-probabilities the state records per new
+    token beside the chosen token's (`SlotState.logprobs`); 0 records none (a static choice: a step then pays no
+    log-softmax and no top-K over the vocabulary).
     """
 
     def __init__(self, model, spec, knobs: dict, *, pad_token_id: int, slots: int, length: int, budget_cap: int,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, top_logprobs: int = 0):
         offers = capabilities(model)
         if not offers.row_cache_index:
             raise ValueError(f"model: {type(model).__name__} does not declare `row_cache_index = True` (a "
@@ -54,6 +56,11 @@ class SlotPrograms:
         for name, value in (("slots", slots), ("length", length)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        vocab_size = int(model.config.vocab_size)
+        if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= vocab_size:
+            raise ValueError(f"top_logprobs must be an integer in [0, {vocab_size}] (0: no log-probabilities), got "
+                             f"{top_logprobs!r}")
+        self.top_logprobs = top_logprobs
         self.model = model
         self.spec = spec
         self.slots, self.length = slots, length
@@ -91,8 +98,16 @@ class SlotPrograms:
             do_sample=tf.zeros([slots], tf.bool),
             knobs={name: tf.constant(np.repeat(value[np.newaxis], slots, axis=0))
                    for name, value in self.row_knobs.items()},
-            cache=self.model.init_cache(slots, length),
+            logprobs=self._empty_logprobs(slots), cache=self.model.init_cache(slots, length),
         )
+
+    def _empty_logprobs(self, rows) -> dict:
+        """`SlotState.logprobs` of `rows` slots before any token: zeros ({} when the programs record none)."""
+        if not self.top_logprobs:
+            return {}
+        columns, top = [rows, self.length], [rows, self.length, self.top_logprobs]
+        return {"chosen": tf.zeros(columns, tf.float32), "top_ids": tf.zeros(top, tf.int32),
+                "top": tf.zeros(top, tf.float32)}
 
     def _knobs(self, state: SlotState) -> dict:
         knobs = {name: tf.constant(value) for name, value in self.shared_knobs.items()}
@@ -131,7 +146,8 @@ class SlotPrograms:
         new = SlotState(
             tokens=buffers.sequences, mask=buffers.buffer_mask, width=width, length=width,
             position=tf.reduce_sum(mask, axis=1), generated=tf.zeros([count], tf.int32), budget=budget,
-            finished=budget <= 0, seed=rows["seed"], do_sample=sampling, knobs=knobs, cache=cache,
+            finished=budget <= 0, seed=rows["seed"], do_sample=sampling, knobs=knobs,
+            logprobs=self._empty_logprobs(count), cache=cache,
         )
         new = self._choose(new, logits)
         where = rows["slot"][:, tf.newaxis]
@@ -229,7 +245,28 @@ class SlotPrograms:
             pad_token_id=self.pad_token_id,
         )
         return state._replace(tokens=committed.sequences, mask=committed.mask, finished=committed.finished,
-                              generated=committed.generated, length=column + tf.cast(running, tf.int32))
+                              generated=committed.generated, length=column + tf.cast(running, tf.int32),
+                              logprobs=self._record(state.logprobs, logits, chosen, column, running))
+
+    def _record(self, logprobs: dict, logits, chosen, column, running) -> dict:
+        """`logprobs` (`SlotState.logprobs`) with each running row's entries at its `column` (int32 `[R]`) written:
+        the raw log-probabilities of `logits` float32 `[R, V]` (before any processor, as vLLM reports them by
+        default) of `chosen` int32 `[R]` and of the K most likely tokens."""
+        if not logprobs:
+            return logprobs
+        # log_softmax(x)_i = x_i - logsumexp(x): the top K of the logits are those of the log-probabilities.
+        total = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+        top, top_ids = tf.math.top_k(logits, k=self.top_logprobs)
+        new = {"chosen": tf.gather(logits, chosen[:, tf.newaxis], batch_dims=1)[:, 0] - total[:, 0],
+               "top_ids": top_ids, "top": top - total}
+        # A finished row's `column` may be L (its buffer full): clamped, and its old entry written back.
+        where = tf.stack([tf.range(tf.shape(chosen)[0]), tf.minimum(column, self.length - 1)], axis=1)
+
+        def put(buffer, value):
+            keep = tf.reshape(running, [-1] + [1] * (value.shape.rank - 1))
+            return tf.tensor_scatter_nd_update(buffer, where, tf.where(keep, value, tf.gather_nd(buffer, where)))
+
+        return {name: put(logprobs[name], new[name]) for name in logprobs}
 
 
 __all__ = ["SlotPrograms"]

@@ -78,6 +78,7 @@ def export_saved_model(
     stop_strings: Sequence[str] | None = None,
     slots: int | None = None,
     slot_length: int | None = None,
+    slot_logprobs: int | None = None,
     regex: str | None = None,
     json_schema=None,
     structured_inputs: Sequence[int] | None = None,
@@ -112,6 +113,9 @@ def export_saved_model(
             `slot_insert`, `slot_steps`, see `tfgen.export.slot_signatures`; `tfgen serve` batches requests
             through them). Default: 8 slots when the model declares `row_cache_index` and `jit_compile`, else none
             (0 leaves them out); `slot_length` defaults to `max_new_tokens` + 256, within the model's positions.
+        slot_logprobs: K, the most likely tokens whose raw log-probabilities the slot state records per new token
+            (what `tfgen serve` answers OpenAI's `logprobs` / `top_logprobs` from; default 20, OpenAI's limit);
+            0 records none, so a step pays no top-K over the vocabulary.
         regex / json_schema: constrain every signature's output (default: the config's), the automaton baked in;
             needs `tokenizer`. `prompt_lookup` and the slot signatures cannot carry it and are left out.
         structured_inputs: `(STATES, CLASSES)` adds the `structured` signature, whose requests carry an automaton's
@@ -153,7 +157,7 @@ def export_saved_model(
     for spec in specs.values():  # every signature's options and sizes are checked before the first is traced
         exporter.plan(spec)
     functions = {name: exporter.concrete_function(spec) for name, spec in specs.items()}
-    slot_programs = export_slot_programs(exporter, model, slots, slot_length, jit_compile)
+    slot_programs = export_slot_programs(exporter, model, slots, slot_length, jit_compile, slot_logprobs)
     if slot_programs is not None:
         functions.update(slot_functions(slot_programs))
     if exporter.text is not None:

@@ -35,12 +35,15 @@ INSERT_INPUTS = {
     **{name: (tf.as_dtype(KNOBS[name].dtype), []) for name in REQUEST_KNOBS},
 }
 DEFAULT_SLOTS = 8
+#: The most likely tokens whose log-probabilities the slot state records per new token by default (OpenAI's and
+#: vLLM's `top_logprobs` limit): what `tfgen serve` answers `logprobs` / `top_logprobs` requests from.
+DEFAULT_SLOT_LOGPROBS = 20
 
 
-def export_slot_programs(exporter, model, slots, slot_length, jit_compile):
+def export_slot_programs(exporter, model, slots, slot_length, jit_compile, slot_logprobs=None):
     """The `SlotPrograms` of an export (`tfgen.export.saved_model._Exporter`) asked for `slots` rows of
-    `slot_length` columns (None: the defaults of `export_saved_model`), or None without slot signatures;
-    ValueError naming a bad size."""
+    `slot_length` columns recording `slot_logprobs` top log-probabilities per token (None: the defaults of
+    `export_saved_model`), or None without slot signatures; ValueError naming a bad size."""
     supported = capabilities(model).row_cache_index and jit_compile
     if slots is None:
         slots = DEFAULT_SLOTS if supported else 0
@@ -57,9 +60,15 @@ def export_slot_programs(exporter, model, slots, slot_length, jit_compile):
     if not is_integer(slot_length) or slot_length <= new_tokens:
         raise ValueError(f"slot_length must be an integer above max_new_tokens ({new_tokens}): room for a prompt "
                          f"and its new tokens, got {slot_length!r}")
+    if slot_logprobs is None:
+        slot_logprobs = DEFAULT_SLOT_LOGPROBS
+    if not is_integer(slot_logprobs) or not 0 <= slot_logprobs <= exporter.vocab_size:
+        raise ValueError(f"slot_logprobs must be an integer in [0, {exporter.vocab_size}] (0: the slot state records "
+                         f"no log-probabilities), got {slot_logprobs!r}")
     spec, knobs = exporter.plan(SIGNATURES["sample"])
     return SlotPrograms(exporter.model, spec, knobs, pad_token_id=exporter.pad_token_id, slots=int(slots),
-                        length=int(slot_length), budget_cap=new_tokens, max_positions=positions)
+                        length=int(slot_length), budget_cap=new_tokens, max_positions=positions,
+                        top_logprobs=int(slot_logprobs))
 
 
 def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
@@ -106,10 +115,10 @@ def slot_info(programs: SlotPrograms, config) -> dict:
     return {
         "slots": programs.slots, "length": programs.length, "row_buckets": programs.row_buckets(),
         "max_new_tokens": programs.budget_cap, "pad_token_id": programs.pad_token_id, "vocab_size": programs.vocab_size,
-        "max_positions": programs.max_positions,
+        "max_positions": programs.max_positions, "top_logprobs": programs.top_logprobs,
         "serving_default_mode": config.get_generation_mode().value, "knobs": defaults,
     }
 
 
-__all__ = ["DEFAULT_SLOTS", "INSERT_INPUTS", "SLOT_SIGNATURES", "export_slot_programs", "slot_functions",
-           "slot_info"]
+__all__ = ["DEFAULT_SLOT_LOGPROBS", "DEFAULT_SLOTS", "INSERT_INPUTS", "SLOT_SIGNATURES", "export_slot_programs",
+           "slot_functions", "slot_info"]

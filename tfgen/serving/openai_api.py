@@ -26,6 +26,7 @@ from tfgen.config.generation_config import GenerationConfig
 from tfgen.config.knobs import KNOBS
 from tfgen.engine.scheduler import EngineFull, EngineStopped, Row
 from tfgen.serving.errors import RequestError
+from tfgen.serving.openai_logprobs import TokenTexts, check_logprobs, choice_logprobs
 from tfgen.serving.openai_protocol import CompletionRequest, OpenAIError, invalid, parse_completion, seed_pair
 from tfgen.serving.openai_structured import structured_choices
 from tfgen.serving.requests import parse_json_body
@@ -71,6 +72,8 @@ def complete(served, request: CompletionRequest):
     an `EventStream`. Its rows are queued before this returns, so a full queue is a 503 OpenAIError now; with
     `response_format`, its whole call of the `structured` signature runs before this returns."""
     if request.response_format is not None:
+        if request.logprobs is not None:  # a whole call of the `structured` signature records none
+            raise invalid("logprobs", "logprobs cannot be combined with response_format on this server")
         follower = structured_choices(served, request, _eos_ids(served))
         rows = follower.rows
     else:
@@ -81,14 +84,15 @@ def complete(served, request: CompletionRequest):
         return EventStream(_stream_events(header, request, follower))
     texts, reasons = [""] * len(rows), [None] * len(rows)
     with contextlib.closing(follower):
-        for index, piece, reason in follower:
+        for index, piece, reason, _ in follower:
             texts[index] += piece
             reasons[index] = reason or reasons[index]
+    logprobs = [follower.logprobs(index, (0, row.used)) for index, row in enumerate(rows)]
     if request.chat:
-        choices = [{"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choices = [{"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs[index],
                     "finish_reason": reasons[index]} for index, text in enumerate(texts)]
     else:
-        choices = [{"index": index, "text": text, "logprobs": None, "finish_reason": reasons[index]}
+        choices = [{"index": index, "text": text, "logprobs": logprobs[index], "finish_reason": reasons[index]}
                    for index, text in enumerate(texts)]
     return {**header, "object": "chat.completion" if request.chat else "text_completion", "choices": choices,
             "usage": _usage(request, rows)}
@@ -147,8 +151,10 @@ def _stream_events(header: dict, request: CompletionRequest, follower) -> Iterat
                 yield {**header, "object": kind, **usage, "choices": [
                     {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}]}
-        for index, piece, reason in follower:
-            yield {**header, "object": kind, **usage, "choices": [_chunk_choice(request.chat, index, piece, reason)]}
+        for index, piece, reason, span in follower:
+            choice = _chunk_choice(request.chat, index, piece, reason)
+            choice["logprobs"] = follower.logprobs(index, span)
+            yield {**header, "object": kind, **usage, "choices": [choice]}
     if request.include_usage:
         yield {**header, "object": kind, "choices": [], "usage": _usage(request, follower.rows)}
 
@@ -172,6 +178,7 @@ def _rows(served, request: CompletionRequest) -> list[Row]:
     if engine is None:
         raise OpenAIError(HTTPStatus.BAD_REQUEST, f"model {request.model!r} has no continuous-batching signatures "
                           "(export it with slots > 0, the default for models that support them)", "model")
+    check_logprobs(request, engine.top_logprobs)
     param = "messages" if request.chat else "prompt"
     rows = []
     for prompt_index, ids in enumerate(request.prompts):
@@ -189,7 +196,8 @@ def _rows(served, request: CompletionRequest) -> list[Row]:
             rows.append(Row(np.asarray(ids, np.int32), np.ones([len(ids)], np.int32), budget,
                             do_sample=request.temperature > 0, seed=seed,
                             temperature=request.temperature or KNOBS["temperature"].neutral,
-                            top_k=KNOBS["top_k"].neutral, top_p=request.top_p))
+                            top_k=KNOBS["top_k"].neutral, top_p=request.top_p,
+                            logprobs=request.logprobs is not None))
     return rows
 
 
@@ -204,13 +212,15 @@ class _Tagged:
 
 
 class _follow:  # noqa: N801 (a generator with the rows at hand)
-    """Yields `(choice index, new text, finish_reason or None)` as the engine decodes the rows, a last triple per
-    row with its finish reason; sets each row's `used` (its completion tokens). Closing it cancels the rows still
-    decoding."""
+    """Yields `(choice index, new text, finish_reason or None, (start, stop))` as the engine decodes the rows, a
+    last one per row with its finish reason; `[start, stop)` are the row's tokens whose text the new text completes
+    (what `logprobs` gives for it). Sets each row's `used` (its completion tokens). Closing it cancels the rows
+    still decoding."""
 
     def __init__(self, served, request: CompletionRequest, rows: list[Row], events: queue.SimpleQueue):
         self.served, self.request, self.rows, self.events = served, request, rows, events
         self.eos = set(_eos_ids(served))
+        self.texts = None if request.logprobs is None else TokenTexts(served.tokenizer)
         self.generator = self._run()
 
     def __iter__(self):
@@ -219,8 +229,18 @@ class _follow:  # noqa: N801 (a generator with the rows at hand)
     def close(self) -> None:
         self.generator.close()
 
+    def logprobs(self, index: int, span: tuple) -> dict | None:
+        """The `logprobs` object of row `index`'s tokens `[start, stop)` (None when the request asked for none)."""
+        if self.texts is None:
+            return None
+        row, (start, stop) = self.rows[index], span
+        offset = sum(len(self.texts(token)[0]) for token in row.tokens[:start])
+        return choice_logprobs(self.request, list(zip(row.tokens[start:stop], row.token_logprobs[start:stop])),
+                               self.texts, offset)
+
     def _run(self):
         sent = [""] * len(self.rows)
+        sent_tokens = [0] * len(self.rows)  # the tokens whose text was sent
         open_rows = set(range(len(self.rows)))
         for row in self.rows:
             row.used = 0
@@ -244,15 +264,16 @@ class _follow:  # noqa: N801 (a generator with the rows at hand)
                         ended_early = len(tokens) < row.max_new_tokens or (tokens and tokens[-1] in self.eos)
                         reason = "stop" if ended_early else "length"
                     open_rows.discard(index)
-                    yield index, text[len(sent[index]):], reason
+                    yield index, text[len(sent[index]):], reason, (min(sent_tokens[index], row.used), row.used)
                     continue
                 # Hold back a trailing partial character, and what could still become a stop string.
                 stable = text.rstrip("\ufffd")
                 hold = max((len(stop) - 1 for stop in self.request.stop), default=0)
                 stable = stable[:max(len(sent[index]), len(stable) - hold)]
                 if len(stable) > len(sent[index]):
-                    yield index, stable[len(sent[index]):], None
-                    sent[index] = stable
+                    covered = self._tokens_within(tokens, len(stable), sent_tokens[index])
+                    yield index, stable[len(sent[index]):], None, (sent_tokens[index], covered)
+                    sent[index], sent_tokens[index] = stable, covered
         finally:
             for index in open_rows:
                 self.served.engine.cancel(self.rows[index])
@@ -265,6 +286,16 @@ class _follow:  # noqa: N801 (a generator with the rows at hand)
         if not found:
             return text, None
         return text[:min(found)], min(found)
+
+    def _tokens_within(self, tokens: list, length: int, start: int) -> int:
+        """The most of `tokens` (at least `start`) whose text lies within its first `length` characters (only
+        counted when the request asked for log-probabilities)."""
+        if self.texts is None:
+            return start
+        for count in range(len(tokens), start, -1):
+            if len(self._text(tokens[:count])[0]) <= length:
+                return count
+        return start
 
     def _tokens_to(self, tokens: list, position: int) -> int:
         """The fewest of `tokens` whose text reaches a stop string (what a row cut there generated)."""

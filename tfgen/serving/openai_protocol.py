@@ -3,7 +3,7 @@ checking their bodies into a `CompletionRequest`, OpenAI's error object, and the
 
 What is honoured, refused and ignored (docs/serving.md, "OpenAI-compatible API"): every field OpenAI defines is
 either honoured, refused with a 400 naming it (`OpenAIError.param`) unless it holds its neutral value (e.g.
-`"logprobs": false`, `"presence_penalty": 0`), or — only those OpenAI's own server does not act on — ignored
+`"echo": false`, `"presence_penalty": 0`), or — only those OpenAI's own server does not act on — ignored
 (`user`, `store`, `metadata`, `service_tier`). Any other field is a 400 naming it.
 """
 
@@ -21,7 +21,7 @@ MAX_CHOICES = 128
 # Fields OpenAI's server accepts without acting on the output; they are ignored here too.
 _IGNORED = ("user", "store", "metadata", "service_tier")
 # Fields refused unless they hold the neutral value listed (the value OpenAI's default behaves as).
-_NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "presence_penalty": (None, 0, 0.0),
+_NEUTRAL = {"top_logprobs": (None, 0), "presence_penalty": (None, 0, 0.0),
             "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "tools": (None, []),
             "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "functions": (None, []),
             "function_call": (None, "none"), "echo": (None, False),
@@ -29,7 +29,10 @@ _NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "presence_pena
             "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 _SAMPLING = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
              "response_format")
-_FIELDS = {"chat": {"messages", "max_completion_tokens", *_SAMPLING}, "text": {"prompt", *_SAMPLING}}
+_FIELDS = {"chat": {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *_SAMPLING},
+           "text": {"prompt", "logprobs", *_SAMPLING}}
+#: The most alternatives per token a request may ask for: chat's `top_logprobs`, completions' `logprobs` (OpenAI's).
+MAX_TOP_LOGPROBS = {"chat": 20, "text": 5}
 _ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -78,6 +81,7 @@ class CompletionRequest:
     include_usage: bool = False
     #: The request's `response_format` as sent (None: plain text); `tfgen.serving.openai_structured` checks it.
     response_format: dict | None = None
+    logprobs: int | None = None  # None: no log-probabilities; else the alternatives per token (`top_logprobs`)
 
 
 def parse_completion(body, chat: bool, tokenizer) -> CompletionRequest:
@@ -112,6 +116,7 @@ def parse_completion(body, chat: bool, tokenizer) -> CompletionRequest:
     if request.seed is None:
         request.seed = secrets.randbits(63)
     request.stop = _stop(body.get("stop"))
+    request.logprobs = _logprobs(body, chat)
     request.stream = _boolean(body, "stream")
     options = body.get("stream_options")
     if options is not None:
@@ -195,6 +200,18 @@ def _text_prompts(body: dict, tokenizer) -> list:
             raise invalid("prompt", f"token ids must lie in [0, {tokenizer.vocab_size})")
         prompts.append(ids)
     return prompts
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives per token a request asks for (None: no log-probabilities): chat's `logprobs: true` with
+    `top_logprobs` (0 when unset), completions' `logprobs` integer."""
+    if not chat:
+        return _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS["text"])
+    wanted = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS["chat"])
+    if top and not wanted:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+    return (top or 0) if wanted else None
 
 
 def _stop(stop) -> tuple:

@@ -91,14 +91,18 @@ class _Choice:
 
 class StructuredChoices:
     """The finished choices of a `response_format` request, as `openai_api`'s follower yields them: iterating gives
-    `(choice index, text, finish_reason)` once per choice; `rows[i].used` is choice i's completion tokens."""
+    `(choice index, text, finish_reason, token span)` once per choice; `rows[i].used` is choice i's completion
+    tokens. It has no log-probabilities (`logprobs` is None: such requests are refused before the call)."""
 
     def __init__(self, texts: list, reasons: list, used: list):
         self.texts, self.reasons = texts, reasons
         self.rows = [_Choice(count) for count in used]
 
     def __iter__(self):
-        return ((index, text, self.reasons[index]) for index, text in enumerate(self.texts))
+        return ((index, text, self.reasons[index], (0, 0)) for index, text in enumerate(self.texts))
+
+    def logprobs(self, index: int, span: tuple) -> None:
+        return None
 
     def close(self) -> None:
         """Nothing to cancel: the call has ended."""
