@@ -178,34 +178,6 @@ def test_generate_one_row_steps_run_weight_only(int8_llama):
     np.testing.assert_array_equal(out.sequences.numpy()[0, PROMPTS.shape[1]:], tokens)
 
 
-def test_one_row_decode_loop_dequantizes_once_outside_the_loop(int8_llama):
-    # The batch-1 decoding view dequantizes every int8 kernel (values times channel scales) before the loop: the
-    # compiled while loop carries the float32 weights, never the int8 kernels nor their scales (only the int8
-    # embedding table and its scales, gathered a column per step). Without the view XLA hoists the int8 -> float32
-    # convert out of the loop too, but multiplies every step's outputs by the scales inside it.
-    model = int8_llama
-
-    def steps(tokens):
-        view = model.decoding_view(1)
-        cache, mask = model.init_cache(1, 4), tf.ones([1, 4], tf.int32)
-
-        def body(index, token, cache):
-            out = view.call_with_cache(token, cache, index, mask, tf.fill([1, 1], index))
-            return index + 1, tf.cast(tf.argmax(out.logits[:, -1], -1), tf.int32)[:, None], out.cache
-
-        return tf.while_loop(lambda index, *_: index < 4, body, (tf.constant(0), tokens, cache))[1]
-
-    hlo = tf.function(steps, jit_compile=True).experimental_get_compiler_ir(tf.constant([[5]]))(stage="optimized_hlo")
-    loop_state = next(line for line in hlo.splitlines() if " while(" in line).split(" while(")[0]
-    layer = model.decoder_layers[0]
-    for kernel in (layer.qkv[0], layer.o_proj[0], layer.gate_up[0], layer.down[0]):
-        shape = ",".join(str(size) for size in kernel.values.shape)
-        assert f"f32[{shape}]" in loop_state and f"s8[{shape}]" not in loop_state, shape
-    for kernel in (layer.qkv[0], layer.gate_up[0]):  # their scales' widths, 192 and 384, are no other vector's
-        assert f"f32[{kernel.values.shape[1]}]{{0}}" not in loop_state
-    assert "f32[128,101]" in loop_state  # the tied head, dequantized too
-
-
 def test_generate_multi_row_steps_run_w8a8(int8_llama):
     out = int8_llama.generate(PROMPTS, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
                               output_logits=True, return_dict_in_generate=True)

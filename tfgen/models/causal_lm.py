@@ -13,7 +13,7 @@ from tfgen.decoding.model_protocol import CacheStepOutput
 from tfgen.generation.mixin import TFGenerationMixin
 from tfgen.models.layers import positions_from_mask
 from tfgen.models.pretrained import PretrainedModel
-from tfgen.models.quantize import QuantizedKernel, float_kernels, quantized_kernels, quantized_matmul
+from tfgen.models.quantize import QuantizedKernel, quantized_matmul
 from tfgen.models.quantize_modes import check_quantize
 
 
@@ -144,14 +144,10 @@ class KerasCausalLM(PretrainedModel, TFGenerationMixin, keras.Model):
         head, and the other way round through GPT-2's tied `[vocab, D]` embedding (see docs/performance.md). A model
         stores the layout its one-row steps want; for several rows the view transposes the head once per program
         run, before the loop, and the steps use the copy: nothing is stored, so it can never go stale. One-row steps
-        get the model itself. An int8 model's multi-row steps get the model itself too: its matmuls pick their form
-        from the rows they see (`tfgen.models.quantize`); its one-row steps get a `DequantizedView`, whose float32
-        weights are dequantized once per program run, before the loop (held for the run only: at rest the model
-        stays int8).
+        get the model itself. An int8 model's steps get the model itself too: its matmuls pick their form from the
+        rows they see (`tfgen.models.quantize`).
         """
-        if self.quantization is not None:
-            return DequantizedView(self) if rows == 1 else self
-        if rows == 1:
+        if rows == 1 or self.quantization is not None:
             return self
         return TransposedHeadView(self, tf.transpose(self.lm_head))
 
@@ -194,28 +190,3 @@ class TransposedHeadView:
 
     def logits_from_hidden(self, hidden_states) -> tf.Tensor:
         return self._model._logits(hidden_states, self._head_transposed)
-
-
-class DequantizedView:
-    """A one-row decoding view of an int8 model: every int8 kernel dequantized to float32 once, when the view is made
-    (inside the program, before the decode loop), and the steps' one-row matmuls multiply those float weights
-    (`tfgen.models.quantize.float_kernels`); embeddings are still gathered from the int8 table. The float copies
-    live for one program run."""
-
-    def __init__(self, model: KerasCausalLM):
-        self._model = model
-        self._dequantized = {id(kernel): kernel.dequantized() for kernel in quantized_kernels(model)}
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def decoding_view(self, rows):
-        return self
-
-    def call_with_cache(self, *args, **kwargs) -> CacheStepOutput:
-        with float_kernels(self._dequantized):
-            return self._model.call_with_cache(*args, **kwargs)
-
-    def logits_from_hidden(self, hidden_states) -> tf.Tensor:
-        with float_kernels(self._dequantized):
-            return self._model.logits_from_hidden(hidden_states)

@@ -13,18 +13,13 @@ Which matmul runs is picked from the static row count of the activations, so one
   `ACTIVATION_GROUP` inputs, `s8 x s8 -> s32` dots (`tf.linalg.matmul(..., output_type=tf.int32)`, which XLA
   compiles to integer dots), then both scales;
 - one row (a batch-1 decode step): weight-only — the int8 weights cast to the compute dtype, then the dot, then the
-  channel scales; exact up to float rounding (an int8 value is exact in float32 and in bfloat16). A batch-1 decode
-  loop goes further (`tfgen.models.causal_lm.DequantizedView`): its view dequantizes every kernel once per program
-  run, before the loop, and the steps multiply those float32 weights (`float_kernels`), which XLA's CPU dot reads
-  faster than it converts int8 ones at every step.
+  channel scales; exact up to float rounding (an int8 value is exact in float32 and in bfloat16).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -32,12 +27,10 @@ import tensorflow as tf
 _LEVELS = 127.0
 #: Inputs per activation scale in a W8A8 matmul (None: one scale per row). Groups of 64 keep an outlier channel of
 #: the residual stream from flattening its whole row (SmolLM2: max logit error 8% instead of 26% of the float32
-#: logits' scale), at 5% (first measurement) to 30% (later, loaded runs) of one scale per row's step time
+#: logits' scale), at 5% (first measurement) to 8% (a later, quieter one) of one scale per row's step time
 #: (docs/performance.md, "int8 weights"). One scale per row with SmoothQuant scale migration (alpha 0.5) still loses
 #: 1.95% perplexity (docs/performance.md, "int8 accuracy").
 ACTIVATION_GROUP = 64
-# The float32 weights of a one-row decoding view while it traces its steps (see `float_kernels`).
-_FLOAT_KERNELS: dict[int, tf.Tensor] = {}
 
 
 class QuantizedArray(NamedTuple):
@@ -101,11 +94,8 @@ def static_rows(x: tf.Tensor) -> int | None:
 def quantized_matmul(x: tf.Tensor, kernel: QuantizedKernel, transpose_b: bool = False) -> tf.Tensor:
     """`x @ W` (or `x @ W^T` with `transpose_b`) for `x` `[..., in]` and the int8 weight `W`, in `x`'s dtype
     `[..., out]`; the output channels are `W`'s `channel_axis` (its last axis, or its first with `transpose_b`).
-    One row known when traced: weight-only (the float32 weight of `float_kernels` when one is in force); otherwise
-    W8A8 (see the module docstring)."""
+    One row known when traced: weight-only; otherwise W8A8 (see the module docstring)."""
     if static_rows(x) == 1:
-        if id(kernel) in _FLOAT_KERNELS:
-            return tf.matmul(x, tf.cast(_FLOAT_KERNELS[id(kernel)], x.dtype), transpose_b=transpose_b)
         y = tf.matmul(x, tf.cast(kernel.values, x.dtype), transpose_b=transpose_b)
         return y * tf.cast(kernel.scale, x.dtype)
     return _w8a8(x, kernel, transpose_b)
@@ -138,38 +128,6 @@ def _quantize_rows(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     scale = tf.where(peak > 0, peak / _LEVELS, tf.ones_like(peak))
     # |rows / scale| <= 127 by construction: no clip needed before the cast.
     return tf.cast(tf.round(rows / scale), tf.int8), scale
-
-
-def quantized_kernels(model) -> list[QuantizedKernel]:
-    """Every `QuantizedKernel` a Keras model holds: attributes of the model and of its sublayers, found through
-    attributes, tuples and lists (a `(kernel, bias)` pair, a list of decoder layers); each once, in the order found."""
-    found: dict[int, QuantizedKernel] = {}
-    seen: set[int] = set()
-    pending = [model]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, QuantizedKernel):
-            found.setdefault(id(item), item)
-        elif isinstance(item, (tuple, list)):
-            pending.extend(reversed(item))
-        elif isinstance(item, keras.layers.Layer) and id(item) not in seen:
-            seen.add(id(item))
-            pending.extend(reversed(list(vars(item).values())))
-    return list(found.values())
-
-
-@contextlib.contextmanager
-def float_kernels(dequantized: dict[int, tf.Tensor]):
-    """While tracing under it, the one-row matmuls of the kernels in `dequantized` (`id(kernel)` -> the kernel's
-    float32 weight in its layout, made once per program run by a decoding view) multiply that float weight instead
-    of casting the int8 one at every step (docs/performance.md, "int8 weights": one-row steps 1.05x float32 this
-    way, 0.98x weight-only). Trace-time state only: the compiled program holds one form."""
-    _FLOAT_KERNELS.update(dequantized)
-    try:
-        yield
-    finally:
-        for key in dequantized:
-            _FLOAT_KERNELS.pop(key, None)
 
 
 def embedding_rows(table, ids: tf.Tensor) -> tf.Tensor:
