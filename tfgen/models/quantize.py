@@ -27,7 +27,9 @@ import tensorflow as tf
 _LEVELS = 127.0
 #: Inputs per activation scale in a W8A8 matmul (None: one scale per row). Groups of 64 keep an outlier channel of
 #: the residual stream from flattening its whole row (SmolLM2: max logit error 8% instead of 26% of the float32
-#: logits' scale), within 5% of one scale per row's speed (docs/performance.md, "int8 weights").
+#: logits' scale), at 5% (first measurement) to 8% (a later, quieter one) of one scale per row's step time
+#: (docs/performance.md, "int8 weights"). One scale per row with SmoothQuant scale migration (alpha 0.5) still loses
+#: 1.95% perplexity (docs/performance.md, "int8 accuracy").
 ACTIVATION_GROUP = 64
 
 
