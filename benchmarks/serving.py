@@ -34,18 +34,19 @@ import numpy as np
 
 
 def export_once(model, checkpoint: str, cache_dir: str, slots: int, new_tokens: int, prompt_tokens: int,
-                quantize: str | None = None, tokenizer=None) -> str:
+                quantize: str | None = None, tokenizer=None, slot_logprobs: int | None = None) -> str:
     from tfgen.export import export_saved_model
 
     name = (f"serving-{Path(checkpoint).name}-s{slots}-n{new_tokens}-p{prompt_tokens}" + (f"-{quantize}" if quantize
                                                                                           else "")
-            + ("-tok" if tokenizer is not None else ""))
+            + ("-tok" if tokenizer is not None else "") + (f"-lp{slot_logprobs}" if slot_logprobs is not None else ""))
     folder = Path(cache_dir) / name
     if not (folder / "1" / "saved_model.pb").is_file():
         config = model.generation_config.copy()
         config.update(eos_token_id=None, do_sample=False)  # every request decodes its whole budget
         export_saved_model(model, folder, config, max_new_tokens=new_tokens, signatures=["greedy", "sample"],
-                           slots=slots, slot_length=prompt_tokens + new_tokens, tokenizer=tokenizer)
+                           slots=slots, slot_length=prompt_tokens + new_tokens, tokenizer=tokenizer,
+                           **({} if slot_logprobs is None else {"slot_logprobs": slot_logprobs}))
     return str(folder)
 
 
@@ -145,6 +146,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quantize", choices=["int8"], help="serve the model with int8 weights (docs/performance.md)")
     parser.add_argument("--openai", choices=["auto", "on", "off"], default="auto",
                         help="also drive OpenAI streaming /v1/completions (auto: when the checkpoint has a tokenizer)")
+    parser.add_argument("--slot-logprobs", type=int, help="top log-probabilities the slot state records (default: the "
+                        "export's, 20; 0 records none)")
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tfgen/bench"))
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
             if args.openai == "on":
                 raise
     export_dir = export_once(model, checkpoint, args.cache_dir, args.slots, args.new_tokens, args.prompt_tokens,
-                             args.quantize, tokenizer)
+                             args.quantize, tokenizer, args.slot_logprobs)
     results = {"model": args.model, "quantize": args.quantize, "traffic": args.traffic, "slots": args.slots,
                "steps_per_call": args.steps_per_call,
                "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "runs": []}

@@ -211,3 +211,39 @@ def test_the_shipped_model_in_a_pipeline_writes_tfgen_batchs_rows(tmp_path):
     expected = tmp_path / "batch.jsonl"
     run_batch_job(job.model, source, expected, tokenizer=job.tokenizer, max_new_tokens=3, progress=False)
     assert output.read_bytes() == expected.read_bytes()
+
+
+def test_the_shipped_model_samples_as_tfgen_batch_whatever_the_order(tmp_path):
+    """SmolLM2-135M-Instruct, a sampled job of 48 chat rows (some with their own seed, temperature and top_p): the
+    pipeline's file equals `tfgen batch`'s, and again with the rows reshuffled and batched differently."""
+    from tfgen.hub.pull import pull
+
+    gguf = os.fspath(pull("smollm2-135m-instruct", progress=False))
+    subjects = ["France", "tea", "rain", "the moon", "a cat", "music", "bread", "Rome", "ice", "a river", "salt",
+                "chess", "wind", "glass", "paper", "a bee"]
+    rows = []
+    for index in range(48):
+        # Short prompts (1 to 6 words): with the template's system turn, one length bucket, one compiled program.
+        row = {"id": index, "prompt": " ".join(["Tell", "me", "about"][:index % 4] + [subjects[index % 16]])}
+        if index % 5 == 1:
+            row["seed"] = 1000 + index
+        if index % 7 == 2:
+            row["temperature"], row["top_p"] = 0.7, 0.9
+        rows.append(row)
+    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    options = ["--max-new-tokens", "3", "--do-sample", "--seed", "5", "6"]
+    output = tmp_path / "beam.jsonl"
+    assert main(["--input", source, "--output", str(output), "--model", gguf, *options, *DIRECT]) == 0
+    job = TFGenModelHandler(gguf, max_new_tokens=3).load_model()  # the model the pipeline loaded, not another
+    expected = tmp_path / "batch.jsonl"
+    run_batch_job(job.model, source, expected, tokenizer=job.tokenizer, max_new_tokens=3, do_sample=True,
+                  seed=[5, 6], progress=False)
+    assert output.read_bytes() == expected.read_bytes()
+    assert len({row["text"] for row in _read_jsonl(expected)}) > 10  # sampled answers, not one repeated text
+    shuffled = rows[:]
+    random.Random(3).shuffle(shuffled)
+    again = tmp_path / "again.jsonl"
+    assert main(["--input", _write_jsonl(tmp_path / "shuffled.jsonl", shuffled), "--output", str(again), "--model",
+                 gguf, *options, "--max-batch-size", "5", *DIRECT]) == 0
+    by_id = {row["id"]: row for row in _read_jsonl(again)}
+    assert [by_id[row["id"]] for row in _read_jsonl(expected)] == _read_jsonl(expected)

@@ -47,7 +47,8 @@ def serve(export_dir):
 
 @pytest.fixture(scope="module")
 def client(chat_model_dir, tmp_path_factory):
-    served, http_server = serve(export(chat_model_dir, tmp_path_factory.mktemp("logprobs") / MODEL))
+    served, http_server = serve(export(chat_model_dir, tmp_path_factory.mktemp("logprobs") / MODEL,
+                                       "--slot-logprobs", "20"))
     yield openai.OpenAI(base_url=http_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     http_server.shutdown()
     http_server.server_close()

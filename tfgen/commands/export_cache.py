@@ -41,8 +41,9 @@ KEY_FILE = "tfgen-export-key.json"
 #: docs/serving.md). The tables a request carries: 4 MiB.
 DEFAULT_STRUCTURED_INPUTS = (2048, 512)
 #: Bumped when what an export holds changes within one tfgen version, so that older cached exports are redone
-#: (2: the slot state records log-probabilities, for OpenAI's `logprobs`).
-EXPORT_LAYOUT = 2
+#: (2: the slot state records log-probabilities, for OpenAI's `logprobs`; 3: it records none unless asked for,
+#: `--slot-logprobs`).
+EXPORT_LAYOUT = 3
 
 
 def exports_root() -> Path:

@@ -35,9 +35,10 @@ INSERT_INPUTS = {
     **{name: (tf.as_dtype(KNOBS[name].dtype), []) for name in REQUEST_KNOBS},
 }
 DEFAULT_SLOTS = 8
-#: The most likely tokens whose log-probabilities the slot state records per new token by default (OpenAI's and
-#: vLLM's `top_logprobs` limit): what `tfgen serve` answers `logprobs` / `top_logprobs` requests from.
-DEFAULT_SLOT_LOGPROBS = 20
+#: The most likely tokens whose log-probabilities the slot state records per new token by default: none. Recording
+#: the top 20 (OpenAI's and vLLM's `top_logprobs` limit, what `tfgen serve` answers `logprobs` requests from) made
+#: SmolLM2's 16-client serving 0.63x as fast (docs/serving.md), so it is asked for: `--slot-logprobs 20`.
+DEFAULT_SLOT_LOGPROBS = 0
 
 
 def export_slot_programs(exporter, model, slots, slot_length, jit_compile, slot_logprobs=None):

@@ -18,8 +18,8 @@ from tfgen.serving.openai_protocol import CompletionRequest, OpenAIError, invali
 from tfgen.text.byte_level_spec import byte_level_text
 
 # How to re-export: what an export made before the slot state had log-probabilities is told.
-_REEXPORT = ("export the model again with this tfgen (`tfgen export`, whose slot signatures record the top 20 "
-             "log-probabilities by default, `--slot-logprobs`; `tfgen serve --model` re-exports by itself)")
+_REEXPORT = ("export the model again with `tfgen export --slot-logprobs 20` (or serve it with `tfgen serve --model "
+             "... --slot-logprobs 20`, which re-exports by itself)")
 
 
 def check_logprobs(request: CompletionRequest, top_logprobs: int) -> None:
