@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -110,3 +111,16 @@ def word_level_tokenizer():
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w3"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     return Tokenizer(backend, eos_token="</s>", pad_token="<pad>", bos_token="<s>")
+
+
+def write_jsonl(path, rows) -> str:
+    """Writes `rows` (dicts as JSON, or str lines as they are) to `path` (a pathlib.Path), one per line; its str."""
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows),
+                    encoding="utf-8")
+    return str(path)
+
+
+def read_jsonl(path) -> list:
+    """The JSON values of a JSONL file, line by line."""
+    with open(path, encoding="utf-8") as file:
+        return [json.loads(line) for line in file]

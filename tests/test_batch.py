@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import write_jsonl  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen import Tokenizer
 from tfgen.batch import batch_generate, row_seeds, run_batch_job
@@ -58,11 +59,6 @@ def job_log(caplog):
     """(level, message) of the batch package's log records."""
     records = [record for record in caplog.records if record.name.startswith("tfgen.batch")]
     return [(record.levelname, record.getMessage()) for record in records]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
-    return str(path)
 
 
 def test_greedy_rows_equal_generate_alone(tiny_model):

@@ -15,7 +15,7 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import copy_with_chat_template, left_padded_batch
+from conftest import copy_with_chat_template, left_padded_batch, read_jsonl, write_jsonl
 
 from tfgen import Tokenizer
 from tfgen.batch import JobInterrupted, batch_generate, row_seeds, run_batch_job
@@ -68,16 +68,6 @@ def rendered(tokenizer, conversation, **kwargs):
     return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, **kwargs)
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
-    return str(path)
-
-
-def read_rows(path):
-    with open(path, encoding="utf-8") as file:
-        return [json.loads(line) for line in file]
-
-
 def chat_rows():
     return ([{"id": f"c{index}", "messages": conversation} for index, conversation in enumerate(CONVERSATIONS)]
             + [{"id": f"p{index}", "prompt": prompt} for index, prompt in enumerate(PROMPTS)])
@@ -121,7 +111,7 @@ def test_cli_chat_job_with_template_kwargs_stop_string_and_default_budget(chat_d
             "--stop-string", stop]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    rows = read_rows(output)
+    rows = read_jsonl(output)
     cut = 0
     for row, (tokens, reason) in zip(rows, plain):
         texts = [chat_tokenizer.decode([token]) for token in tokens]
@@ -143,7 +133,7 @@ def test_cli_regex_constrains_every_row(chat_dir, tmp_path, capsys):
             "--greedy", "--strategy", "default", "--no-progress", "--max-new-tokens", str(NEW), "--regex",
             "(w1[0-9])+"]
     assert main(argv) == 0, capsys.readouterr().err
-    for row in read_rows(output):
+    for row in read_jsonl(output):
         # The word-level tokens' texts are "w10" ... "w19" back to back, then eos where the pattern may end.
         assert row["token_ids"] and all(10 <= token <= 19 for token in row["token_ids"] if token != 2), row
 
@@ -237,8 +227,8 @@ def test_row_options_are_honoured_and_part_of_the_input(tiny_model, chat_tokeniz
     output = str(tmp_path / "out.jsonl")
     result = run_batch_job(tiny_model, prompts, output, tokenizer=chat_tokenizer, batch_size=BATCH, seed=job_seed,
                            progress=False, **sampling)
-    assert result.cut == sum(row["finish_reason"] == "length" for row in read_rows(output))
-    written = {row["id"]: row for row in read_rows(output)}
+    assert result.cut == sum(row["finish_reason"] == "length" for row in read_jsonl(output))
+    written = {row["id"]: row for row in read_jsonl(output)}
 
     def expected(row, **options):
         ids = rendered(chat_tokenizer, [{"role": "user", "content": row["prompt"]}])
@@ -337,7 +327,7 @@ def test_smollm2_chat_job_equals_generate_and_resumes_byte_for_byte(smollm2, tmp
     reference = str(tmp_path / "reference.jsonl")
     result = run_batch_job(model, prompts, reference, **options)
     assert (result.rows, result.skipped) == (20, 0)
-    rows = read_rows(reference)
+    rows = read_jsonl(reference)
     (eos,) = model.generation_config.eos_token_ids()
     # generate() on the rendered chats, BATCH rows per call (left-padded; rows never see each other).
     for first in range(0, len(rows), BATCH):

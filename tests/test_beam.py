@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import word_level_tokenizer
+from conftest import read_jsonl, word_level_tokenizer, write_jsonl
 from llama_checkpoints import build_hf_model  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen.batch import run_batch_job
@@ -59,16 +59,6 @@ def _rows(count: int, sampled: bool) -> list[dict]:
     return rows
 
 
-def _write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return str(path)
-
-
-def _read_jsonl(path) -> list[dict]:
-    with open(path, encoding="utf-8") as file:
-        return [json.loads(line) for line in file]
-
-
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_pipeline_writes_tfgen_batchs_rows_also_reshuffled_and_rebatched(loaded, llama_dir, tmp_path, sampled):
     """200 rows of mixed lengths: `python -m tfgen.beam` on the DirectRunner writes `tfgen batch`'s output file
@@ -76,7 +66,7 @@ def test_pipeline_writes_tfgen_batchs_rows_also_reshuffled_and_rebatched(loaded,
     model, tokenizer = loaded
     rows = _rows(200, sampled)
     knobs = ["--do-sample", "--top-k", "20"] if sampled else []
-    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
     expected = tmp_path / "batch.jsonl"
     # What `tfgen batch` runs on its loaded model.
     run_batch_job(model, source, expected, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS, progress=False,
@@ -86,17 +76,17 @@ def test_pipeline_writes_tfgen_batchs_rows_also_reshuffled_and_rebatched(loaded,
                    "--max-new-tokens", str(NEW_TOKENS), *knobs, *DIRECT])
     assert status == 0
     assert output.read_bytes() == expected.read_bytes()
-    assert {row["finish_reason"] for row in _read_jsonl(output)} >= {"length"}
+    assert {row["finish_reason"] for row in read_jsonl(output)} >= {"length"}
 
     shuffled = rows[:]
     random.Random(1).shuffle(shuffled)
     again = tmp_path / "shuffled.jsonl"
-    status = main(["--input", _write_jsonl(tmp_path / "shuffled_rows.jsonl", shuffled), "--output", str(again),
+    status = main(["--input", write_jsonl(tmp_path / "shuffled_rows.jsonl", shuffled), "--output", str(again),
                    "--model", llama_dir, "--seed", "3", "4", "--max-new-tokens", str(NEW_TOKENS), *knobs,
                    "--min-batch-size", "1", "--max-batch-size", "13", *DIRECT])
     assert status == 0
-    by_id = {json.dumps(row["id"]): row for row in _read_jsonl(expected)}
-    assert _read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]
+    by_id = {json.dumps(row["id"]): row for row in read_jsonl(expected)}
+    assert read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]
 
 
 def test_tfrecord_input_gives_tfgen_batchs_rows(loaded, llama_dir, tmp_path):
@@ -118,7 +108,7 @@ def test_tfrecord_input_gives_tfgen_batchs_rows(loaded, llama_dir, tmp_path):
     assert main(["--input", source, "--output", str(output), "--model", llama_dir, "--max-new-tokens",
                  str(NEW_TOKENS), *DIRECT]) == 0
     assert output.read_bytes() == expected.read_bytes()
-    assert [row["id"] for row in _read_jsonl(output)] == list(range(100, 110))
+    assert [row["id"] for row in read_jsonl(output)] == list(range(100, 110))
 
 
 def test_keyed_model_handler_keeps_keys_and_returns_batch_rows(loaded, llama_dir):
@@ -153,7 +143,7 @@ def test_bad_options_and_models_are_refused_naming_them_before_loading(tmp_path,
         TFGenModelHandler(str(tmp_path), min_batch_size=9, max_batch_size=4, max_new_tokens=4)
     with pytest.raises(TypeError, match="model: a path"):
         TFGenModelHandler(None, max_new_tokens=4)
-    source = _write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "prompt": "w5"}])
+    source = write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "prompt": "w5"}])
     status = main(["--input", source, "--output", str(tmp_path / "out.jsonl"), "--model",
                    str(tmp_path / "no_such_model"), "--max-new-tokens", "4", *DIRECT])
     err = capsys.readouterr().err
@@ -185,7 +175,7 @@ def test_bad_rows_fail_the_pipeline_naming_the_row(loaded, llama_dir):
 
 
 def test_the_command_names_a_bad_row_in_one_line(loaded, llama_dir, tmp_path, capfd):
-    source = _write_jsonl(tmp_path / "rows.jsonl", [{"id": "ok", "prompt": "w5"}, {"id": "x", "prompt": "w6",
+    source = write_jsonl(tmp_path / "rows.jsonl", [{"id": "ok", "prompt": "w5"}, {"id": "x", "prompt": "w6",
                                                                                     "top_k": 2}])
     status = main(["--input", source, "--output", str(tmp_path / "out.jsonl"), "--model", llama_dir,
                    "--max-new-tokens", "4", *DIRECT])
@@ -203,7 +193,7 @@ def test_the_shipped_model_in_a_pipeline_writes_tfgen_batchs_rows(tmp_path):
     rows = [{"id": index, "prompt": prompt} for index, prompt in enumerate(
         ["What is the capital of France?", "Hi", "Name a colour.", "2+2=", "Say yes.", "Name a sea.", "Why?",
          "Count to three."])]
-    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
     output = tmp_path / "beam.jsonl"
     assert main(["--input", source, "--output", str(output), "--model", gguf, "--max-new-tokens", "3",
                  *DIRECT]) == 0
@@ -230,7 +220,7 @@ def test_the_shipped_model_samples_as_tfgen_batch_whatever_the_order(tmp_path):
         if index % 7 == 2:
             row["temperature"], row["top_p"] = 0.7, 0.9
         rows.append(row)
-    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
     options = ["--max-new-tokens", "3", "--do-sample", "--seed", "5", "6"]
     output = tmp_path / "beam.jsonl"
     assert main(["--input", source, "--output", str(output), "--model", gguf, *options, *DIRECT]) == 0
@@ -239,11 +229,11 @@ def test_the_shipped_model_samples_as_tfgen_batch_whatever_the_order(tmp_path):
     run_batch_job(job.model, source, expected, tokenizer=job.tokenizer, max_new_tokens=3, do_sample=True,
                   seed=[5, 6], progress=False)
     assert output.read_bytes() == expected.read_bytes()
-    assert len({row["text"] for row in _read_jsonl(expected)}) > 10  # sampled answers, not one repeated text
+    assert len({row["text"] for row in read_jsonl(expected)}) > 10  # sampled answers, not one repeated text
     shuffled = rows[:]
     random.Random(3).shuffle(shuffled)
     again = tmp_path / "again.jsonl"
-    assert main(["--input", _write_jsonl(tmp_path / "shuffled.jsonl", shuffled), "--output", str(again), "--model",
+    assert main(["--input", write_jsonl(tmp_path / "shuffled.jsonl", shuffled), "--output", str(again), "--model",
                  gguf, *options, "--max-batch-size", "5", *DIRECT]) == 0
-    by_id = {row["id"]: row for row in _read_jsonl(again)}
-    assert [by_id[row["id"]] for row in _read_jsonl(expected)] == _read_jsonl(expected)
+    by_id = {row["id"]: row for row in read_jsonl(again)}
+    assert [by_id[row["id"]] for row in read_jsonl(expected)] == read_jsonl(expected)

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import CHAT_TEMPLATE, word_level_tokenizer
+from conftest import CHAT_TEMPLATE, read_jsonl, word_level_tokenizer, write_jsonl
 from llama_checkpoints import build_hf_model  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen.batch import run_batch_job
@@ -80,16 +80,6 @@ def _rows(count: int, sampled: bool) -> list[dict]:
     return rows
 
 
-def _write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return str(path)
-
-
-def _read_jsonl(path) -> list[dict]:
-    with open(path, encoding="utf-8") as file:
-        return [json.loads(line) for line in file]
-
-
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_pipeline_over_an_export_writes_tfgen_batchs_rows_also_reshuffled(loaded, export_dir, tmp_path, sampled):
     """40 rows of mixed lengths and kinds: the pipeline over the export writes `tfgen batch`'s output file over the
@@ -97,7 +87,7 @@ def test_pipeline_over_an_export_writes_tfgen_batchs_rows_also_reshuffled(loaded
     model, tokenizer = loaded
     rows = _rows(40, sampled)
     knobs = ["--do-sample", "--top-k", "20"] if sampled else []
-    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
     expected = tmp_path / "batch.jsonl"
     run_batch_job(model, source, expected, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS, progress=False,
                   seed=[3, 4], **({"do_sample": True, "top_k": 20} if sampled else {}))
@@ -105,18 +95,18 @@ def test_pipeline_over_an_export_writes_tfgen_batchs_rows_also_reshuffled(loaded
     assert main(["--input", source, "--output", str(output), "--model", export_dir, *SEED,
                  "--max-new-tokens", str(NEW_TOKENS), *knobs, *DIRECT]) == 0
     assert output.read_bytes() == expected.read_bytes()
-    written = _read_jsonl(output)
+    written = read_jsonl(output)
     assert {row["finish_reason"] for row in written} >= {"length"} and all(row["text"] for row in written[:3])
 
     shuffled = rows[:]
     random.Random(5).shuffle(shuffled)
     again = tmp_path / "shuffled.jsonl"
     version_dir = os.path.join(export_dir, "1")  # a version folder names the export too
-    assert main(["--input", _write_jsonl(tmp_path / "shuffled_rows.jsonl", shuffled), "--output", str(again),
+    assert main(["--input", write_jsonl(tmp_path / "shuffled_rows.jsonl", shuffled), "--output", str(again),
                  "--model", version_dir, *SEED, "--max-new-tokens", str(NEW_TOKENS), *knobs,
                  "--min-batch-size", "1", "--max-batch-size", "7", *DIRECT]) == 0
     by_id = {json.dumps(row["id"]): row for row in written}
-    assert _read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]
+    assert read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]
 
 
 def test_options_an_export_cannot_honour_are_refused_naming_them(export_dir, tmp_path, capsys):
@@ -140,7 +130,7 @@ def test_options_an_export_cannot_honour_are_refused_naming_them(export_dir, tmp
     info_file.write_text(json.dumps(info))
     with pytest.raises(ValueError, match=r"do_sample: the job samples, and the export has no 'sample' signature"):
         TFGenModelHandler(str(greedy_only), max_new_tokens=NEW_TOKENS, do_sample=True)
-    source = _write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "prompt": "w5"}])
+    source = write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "prompt": "w5"}])
     status = main(["--input", source, "--output", str(tmp_path / "out.jsonl"), "--model", export_dir,
                    "--max-new-tokens", "4", "--repetition-penalty", "1.5", *DIRECT])
     err = capsys.readouterr().err
@@ -189,7 +179,7 @@ def test_a_misspelled_row_key_is_a_bad_row_and_metadata_keys_are_named_once(load
     model, tokenizer = loaded
     rows = [{"id": "ok", "prompt": "w5", "source": "web"}, {"id": "t", "prompt": "w6", "temprature": 0.5},
             {"id": 3, "Top-P": 0.9, "input_ids": [5, 6]}, {"id": "m", "promt": "w7"}]
-    source = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
     with pytest.raises(ValueError) as error:
         run_batch_job(model, source, tmp_path / "out.jsonl", tokenizer=tokenizer, max_new_tokens=NEW_TOKENS,
                       progress=False)
@@ -212,9 +202,9 @@ def test_a_misspelled_row_key_is_a_bad_row_and_metadata_keys_are_named_once(load
     with caplog.at_level(logging.WARNING):
         results = [handler.run_inference(metadata[index:index + 1], job)[0].inference for index in range(3)]
         expected = tmp_path / "metadata.jsonl"
-        run_batch_job(model, _write_jsonl(tmp_path / "metadata_rows.jsonl", metadata), expected,
+        run_batch_job(model, write_jsonl(tmp_path / "metadata_rows.jsonl", metadata), expected,
                       tokenizer=tokenizer, max_new_tokens=NEW_TOKENS, progress=False)
-    assert results == _read_jsonl(expected)
+    assert results == read_jsonl(expected)
     warnings = [record.getMessage() for record in caplog.records if "'category'" in record.getMessage()]
     assert len(warnings) == 2  # one for the three Beam batches of this process, one for the tfgen batch job
     assert all("left out as metadata: 'category', 'prompt_id'" in warning for warning in warnings)
