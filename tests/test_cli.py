@@ -20,6 +20,7 @@ from conftest import TINY_GPT2, word_level_tokenizer
 
 from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.cli import main
+from tfgen.commands.export_cache import DEFAULT_STRUCTURED_INPUTS
 
 
 def expected_text(model_dir, prompt, **options):
@@ -231,7 +232,8 @@ def test_serve_without_export_dir_serves_the_shipped_model(monkeypatch):
     served = {}
 
     def quick_export(model_path, out_dir, **options):
-        assert model_path is None and options == {}
+        # The export `tfgen serve --model` would make: the `structured` signature for response_format included.
+        assert model_path is None and options == {"structured_inputs": DEFAULT_STRUCTURED_INPUTS}
         return real_export(model_path, out_dir, signatures=["greedy"], jit_compile=False, max_new_tokens=2)
 
     def fake_serve(export_dir, **options):

@@ -225,7 +225,8 @@ def test_seed_takes_two_integers(nothing_slow, capsys, command, seed, words):
 
 def test_an_export_folder_as_model_points_to_serve(nothing_slow, capsys, tmp_path):
     """An export (a SavedModel, as `tfgen export` writes it) passed where a model goes is one line naming what
-    `--model` takes and `tfgen serve`, before anything loads, in every command and in Beam's handler."""
+    `--model` takes and `tfgen serve`, before anything loads, in every command. (Beam's handler takes a tfgen
+    export, and refuses a SavedModel without tfgen's description by naming the file it lacks.)"""
     from tfgen.beam import TFGenModelHandler
 
     base = tmp_path / "exported"
@@ -237,7 +238,7 @@ def test_an_export_folder_as_model_points_to_serve(nothing_slow, capsys, tmp_pat
             assert main(argv) == 2, argv
             error = one_error_line(capsys)
             assert "is an export" in error and f"tfgen serve {folder}" in error, error
-        with pytest.raises(ValueError, match="is an export"):
+        with pytest.raises(OSError, match="cannot read the export's description .*tfgen_export.json"):
             TFGenModelHandler(str(folder), max_new_tokens=4)
     (base / "1" / "saved_model.pb").unlink()
     assert main(["generate", "hi", "--model", str(base)]) != 0
