@@ -124,3 +124,16 @@ def read_jsonl(path) -> list:
     """The JSON values of a JSONL file, line by line."""
     with open(path, encoding="utf-8") as file:
         return [json.loads(line) for line in file]
+
+
+def with_row_options(row: dict, index: int, rng, sampled: bool, budget: int, seed_every: int, knob_every: int
+                     ) -> dict:
+    """`row` (a `tfgen batch` row) given, by its `index`, its own budget (every 5th, from 1 to `budget`) and, in a
+    sampled job, its own seed (every `seed_every`-th) and temperature / top_p (every `knob_every`-th), from `rng`."""
+    if index % 5 == 1:
+        row["max_new_tokens"] = int(rng.integers(1, budget + 1))
+    if sampled and index % seed_every == 2:
+        row["seed"] = int(rng.integers(0, 2**31))
+    if sampled and index % knob_every == 3:
+        row["temperature"], row["top_p"] = 0.7, 0.9
+    return row

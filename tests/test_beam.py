@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import read_jsonl, word_level_tokenizer, write_jsonl
+from conftest import read_jsonl, with_row_options, word_level_tokenizer, write_jsonl
 from llama_checkpoints import build_hf_model  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen.batch import run_batch_job
@@ -49,13 +49,7 @@ def _rows(count: int, sampled: bool) -> list[dict]:
     for index in range(count):
         words = rng.integers(3, 97, rng.integers(1, 41))
         row = {"id": f"row-{index}" if index % 3 else index, "prompt": " ".join(f"w{w}" for w in words)}
-        if index % 5 == 1:
-            row["max_new_tokens"] = int(rng.integers(1, NEW_TOKENS + 1))
-        if sampled and index % 7 == 2:
-            row["seed"] = int(rng.integers(0, 2**31))
-        if sampled and index % 11 == 3:
-            row["temperature"], row["top_p"] = 0.7, 0.9
-        rows.append(row)
+        rows.append(with_row_options(row, index, rng, sampled, NEW_TOKENS, 7, 11))
     return rows
 
 

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import CHAT_TEMPLATE, read_jsonl, word_level_tokenizer, write_jsonl
+from conftest import CHAT_TEMPLATE, read_jsonl, with_row_options, word_level_tokenizer, write_jsonl
 from llama_checkpoints import build_hf_model  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen.batch import run_batch_job
@@ -70,13 +70,7 @@ def _rows(count: int, sampled: bool) -> list[dict]:
             row["input_ids"] = rng.integers(3, 97, rng.integers(1, 17)).tolist()
         else:
             row["prompt"] = " ".join(words)
-        if index % 5 == 1:
-            row["max_new_tokens"] = int(rng.integers(1, NEW_TOKENS + 1))
-        if sampled and index % 3 == 2:
-            row["seed"] = int(rng.integers(0, 2**31))
-        if sampled and index % 7 == 3:
-            row["temperature"], row["top_p"] = 0.7, 0.9
-        rows.append(row)
+        rows.append(with_row_options(row, index, rng, sampled, NEW_TOKENS, 3, 7))
     return rows
 
 
