@@ -21,6 +21,7 @@ from conftest import TINY_GPT2, word_level_tokenizer
 from tfgen import AutoModelForCausalLM, Tokenizer
 from tfgen.cli import main
 from tfgen.commands.export_cache import DEFAULT_STRUCTURED_INPUTS
+from tfgen.commands.serve import WHOLE_CALL_ONLY
 
 
 def expected_text(model_dir, prompt, **options):
@@ -233,7 +234,8 @@ def test_serve_without_export_dir_serves_the_shipped_model(monkeypatch):
 
     def quick_export(model_path, out_dir, **options):
         # The export `tfgen serve --model` would make: the `structured` signature for response_format included.
-        assert model_path is None and options == {"structured_inputs": DEFAULT_STRUCTURED_INPUTS}
+        assert model_path is None and options == {"structured_inputs": DEFAULT_STRUCTURED_INPUTS,
+                                                  "leave_out": list(WHOLE_CALL_ONLY)}
         return real_export(model_path, out_dir, signatures=["greedy"], jit_compile=False, max_new_tokens=2)
 
     def fake_serve(export_dir, **options):
@@ -312,6 +314,25 @@ def test_arguments_that_are_not_utf8_are_one_clear_line(capsys, argv, named):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tfgen: error:") and named in err and "UTF-8" in err
     assert "\\x" in err  # the offending bytes, as bytes
+
+
+def test_export_leave_out_writes_the_default_signatures_but_those(model_dir, tmp_path, capsys):
+    out = tmp_path / "lean"
+    assert main(["export", str(out), "--model", model_dir, "--no-jit", "--no-text", "--max-new-tokens", "2",
+                 "--slots", "0", "--leave-out", "beam_search,contrastive,prompt_lookup,serving_default"]) == 0
+    info = json.loads((out / "1" / "assets.extra" / "tfgen_export.json").read_text())
+    assert sorted(info["signatures"]) == ["greedy", "sample"]
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--leave-out", "beam"], "leave_out: unknown signature 'beam'"),
+    (["--leave-out", "greedy", "--signatures", "sample"], "--signatures and --leave-out: give one"),
+], ids=["unknown", "both"])
+def test_export_leave_out_refusals(model_dir, tmp_path, capsys, argv, error):
+    assert main(["export", str(tmp_path / "out"), "--model", model_dir, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tfgen: error: {error}")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("option, value", [("--num-beams", "1000000"), ("--num-beams", "1"),

@@ -135,6 +135,11 @@ def test_replay_runs_each_record_once_and_refuses_unknown_signatures(exports, ca
     with pytest.raises(ValueError, match="names the signature 'greedy'"):
         replay_warmup_requests(exports.portable, {"serving_default": fakes["serving_default"]})
     assert replay_warmup_requests(os.path.dirname(exports.portable), fakes) == 0  # no file, nothing to run
+    calls.clear()
+    with caplog.at_level(logging.INFO, logger="tfgen.export.warmup"):
+        assert replay_warmup_requests(exports.portable, fakes, skip={"greedy", "sample"}) == len(SIGNATURES) - 2
+    assert sorted(name for name, _ in calls) == sorted(set(SIGNATURES) - {"greedy", "sample"})
+    assert "skipped 2 of greedy, sample" in caplog.text
 
 
 class _WordTokenizer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import logging
 import threading
 import time
 
@@ -20,6 +21,8 @@ from tfgen.engine.scheduler import EngineFull, Row, SlotEngine
 from tfgen.engine.slot_state import SlotState
 from tfgen.export import export_saved_model
 from tfgen.serving import ModelServer, load_export, start_in_thread
+from tfgen.serving.batching import engine_signatures
+from tfgen.serving.served_model import warm_up_version
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +64,17 @@ def served(export_dir):
     model = load_export(export_dir, warmup=False, batching={"steps_per_call": 3})
     yield model
     model.close()
+
+
+def test_the_warm_up_compiles_the_engine_and_skips_the_records_it_decodes(served, caplog):
+    """A warm-up record of a signature the engine decodes (one short row, which fits a slot) would compile a whole-call
+    program that no request runs: such records are skipped, the engine's programs are warmed instead."""
+    assert engine_signatures(served) == {"serving_default", "greedy", "sample", "generate_text"}
+    with caplog.at_level(logging.INFO, logger="tfgen"):
+        warm_up_version(served)
+    assert "warm-up: 0 requests" in caplog.text
+    assert "skipped 4 of generate_text, greedy, sample, serving_default" in caplog.text
+    assert "continuous batching: warm-up" in caplog.text
 
 
 @pytest.fixture(scope="module")

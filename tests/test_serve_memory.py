@@ -35,5 +35,6 @@ def test_load_export_hands_back_what_the_warm_up_freed(export_dir, monkeypatch):
     served = served_model.load_export(export_dir)
     # After the warm-up, without dropping any compiled program (nothing was unloaded).
     assert steps == ["warm-up", ("release", (), {})]
+    assert served_model.engine_signatures(served) == frozenset()  # no engine: every record is replayed
     outputs = served.predict("greedy", {"input_ids": [[5, 6]], "attention_mask": [[1, 1]], "max_new_tokens": [2]})
     assert outputs["sequences"].shape == (1, 4)  # and it still serves

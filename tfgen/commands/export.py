@@ -38,6 +38,8 @@ def add_parser(subparsers) -> None:
         "--signatures", type=lambda names: names.split(","), metavar="NAMES",
         help=f"comma-separated subset of {','.join(SIGNATURES)} (default: all)",
     )
+    parser.add_argument("--leave-out", type=lambda names: names.split(","), metavar="NAMES",
+                        help="comma-separated signatures to leave out of the default ones (instead of --signatures)")
     parser.add_argument("--no-text", action="store_true", help="skip generate_text even when a tokenizer is "
                         "present (its files and chat template are still written to assets.extra/tokenizer/)")
     parser.add_argument("--num-beams", type=int,
@@ -100,6 +102,7 @@ def run(args) -> int:
         version=args.version,
         jit_compile=not args.no_jit,
         signatures=args.signatures,
+        leave_out=args.leave_out or (),
         text=not args.no_text,
         num_beams=args.num_beams,
         contrastive_top_k=args.contrastive_top_k,
@@ -119,6 +122,9 @@ def run(args) -> int:
 def check_export_arguments(args) -> None:
     """Range checks of the numbers that shape every exported program, before the model is even loaded: an export
     with a million beams would be written, but every call of it would fail."""
+    if args.signatures is not None and args.leave_out is not None:
+        raise ValueError("--signatures and --leave-out: give one (the signatures to export, or those to leave out "
+                         "of the default ones)")
     for option, value, low, high in (
         ("--num-beams", args.num_beams, 2, MAX_BEAMS),
         ("--contrastive-top-k", args.contrastive_top_k, 2, MAX_BEAMS),
@@ -137,22 +143,25 @@ def check_export_arguments(args) -> None:
 
 
 def export_model(
-    model_path: str | None, out_dir: str, *, signatures=None, text: bool = True, stop_strings=None, quantize=None,
-    **options
+    model_path: str | None, out_dir: str, *, signatures=None, leave_out=(), text: bool = True, stop_strings=None,
+    quantize=None, **options
 ) -> str:
     """Exports the model at `model_path` (None: the shipped model), loaded with `quantize` (None or "int8": the
     export then stores int8 variables and their scales), to `out_dir/<version>/` with `export_saved_model`
     and its `options`, adding generate_text when `text` is true, `signatures` allows it and a tokenizer sits next
-    to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Returns the version
-    folder."""
+    to the model; `stop_strings` (which need that tokenizer) end rows in every signature. Without `signatures`,
+    the default ones but those in `leave_out`. Returns the version folder."""
     from tfgen.auto.models import load_generation_model
     from tfgen.auto.tokenizer import AutoTokenizer
     from tfgen.config.budget import export_budget
-    from tfgen.export import export_saved_model
+    from tfgen.export import SIGNATURES, export_saved_model
     from tfgen.gguf import is_gguf_path
     from tfgen.hub.pull import resolve_model_argument
     from tfgen.models.loading import resolve_model_directory
 
+    unknown = [name for name in leave_out if name not in SIGNATURES]
+    if unknown:
+        raise ValueError(f"leave_out: unknown signature {unknown[0]!r}; the signatures are {', '.join(SIGNATURES)}")
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.
     source = model_path if is_gguf_path(model_path) else resolve_model_directory(model_path)
@@ -178,6 +187,11 @@ def export_model(
         if problem is not None:  # asked for by name (--signatures), the export refuses it instead
             logger.warning("no generate_text signature (text_tokenize / text_detokenize neither): %s", problem)
             text = False
+    if signatures is None and leave_out:
+        from tfgen.export.saved_model import default_signatures
+
+        signatures = [name for name in default_signatures(model, tokenizer is not None and text)
+                      if name not in leave_out]
     if stop_strings:
         options["stop_strings"] = stop_strings
     try:

@@ -58,7 +58,8 @@ def add_parser(subparsers) -> None:
     exporting.add_argument("--no-jit", action="store_true", help="plain TF graph instead of XLA")
     exporting.add_argument("--no-text", action="store_true", help="skip generate_text (`tfgen export --no-text`)")
     exporting.add_argument("--signatures", type=lambda names: names.split(","), metavar="NAMES",
-                           help="comma-separated subset of the signatures to export (default: all)")
+                           help="comma-separated signatures to export (default: all but "
+                           f"{', '.join(WHOLE_CALL_ONLY)}, which only whole calls run; `all`: every one)")
     exporting.add_argument("--slots", type=int, help="decode rows of continuous batching (`tfgen export --slots`)")
     exporting.add_argument("--slot-length", type=int, help="buffer columns of a slot (`tfgen export --slot-length`)")
     default_tables = ",".join(map(str, DEFAULT_STRUCTURED_INPUTS))
@@ -122,6 +123,10 @@ def grpc_port(args) -> int | None:
     return None
 
 
+#: The signatures `tfgen serve --model` leaves out of its export unless `--signatures` names them: the engine
+#: decodes none of their rows, and each adds ~3 s to every start (its graph rebuilt when the export loads) and ~7 s
+#: of warm-up (its program compiled, or loaded from the compile cache).
+WHOLE_CALL_ONLY = ("beam_search", "contrastive", "prompt_lookup")
 # The export flags of `tfgen serve` (beside `--no-jit` and `--no-text`), as `export_model` takes them.
 EXPORT_OPTIONS = ("max_new_tokens", "signatures", "slots", "slot_length", "slot_logprobs", "quantize",
                   "structured_inputs")
@@ -194,6 +199,10 @@ def run(args) -> int:
     if args.export_dir is not None:
         return _status(serve(args.export_dir, started=started, **options))
     export_options = {name: getattr(args, name) for name in EXPORT_OPTIONS if getattr(args, name) is not None}
+    if export_options.get("signatures") == ["all"]:
+        del export_options["signatures"]
+    elif "signatures" not in export_options:
+        export_options["leave_out"] = list(WHOLE_CALL_ONLY)
     export_options.setdefault("structured_inputs", DEFAULT_STRUCTURED_INPUTS)
     if not export_options["structured_inputs"]:
         del export_options["structured_inputs"]

@@ -171,23 +171,30 @@ def read_warmup_requests(path: str, *, official: bool | None = None) -> list[tup
     return found
 
 
-def replay_warmup_requests(directory: str, signatures: dict) -> int:
+def replay_warmup_requests(directory: str, signatures: dict, skip=frozenset()) -> int:
     """Runs each record of `directory/assets.extra/tf_serving_warmup_requests` through its signature once (the
-    concrete functions of `signatures`), as TF Serving does at load; returns how many ran (0 without a file).
-    ValueError for a record naming a signature the export lacks; a record that fails raises its TF error."""
+    concrete functions of `signatures`), as TF Serving does at load, except the records of the signatures named in
+    `skip`; returns how many ran (0 without a file). ValueError for a record naming a signature the export lacks; a
+    record that fails raises its TF error."""
     path = os.path.join(directory, "assets.extra", WARMUP_FILE)
     if not os.path.isfile(path):
         return 0
     started = time.monotonic()
     requests = read_warmup_requests(path)
+    skipped = set()
     for signature_name, inputs in requests:
         name = signature_name or "serving_default"
         if name not in signatures:
             raise ValueError(f"{path}: a warm-up record names the signature {name!r}; the export has "
                              f"{sorted(signatures)}")
+        if name in skip:
+            skipped.add(name)
+            continue
         signatures[name](**{key: tf.constant(value) for key, value in inputs.items()})
-    logger.info("warm-up: %d requests from %s ran in %.1f s", len(requests), path, time.monotonic() - started)
-    return len(requests)
+    ran = len(requests) - sum(1 for name, _ in requests if (name or "serving_default") in skipped)
+    note = f"; skipped {len(requests) - ran} of {', '.join(sorted(skipped))}" if skipped else ""
+    logger.info("warm-up: %d requests from %s ran in %.1f s%s", ran, path, time.monotonic() - started, note)
+    return ran
 
 
 def _serving_protos():

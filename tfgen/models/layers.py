@@ -19,6 +19,13 @@ from tensorflow.compiler.tf2xla.python.xla import dynamic_update_slice
 from tfgen.models.quantize import QuantizedKernel, quantize_array, quantized_matmul
 from tfgen.models.quantize_modes import check_quantize
 
+
+def silu(x: tf.Tensor) -> tf.Tensor:
+    """`x * sigmoid(x)`: tf.nn.silu's forward ops without its custom gradient, which a SavedModel stores as one
+    gradient function per call (510 in a 30-layer model's export, each rebuilt in Python when it loads)."""
+    return x * tf.sigmoid(x)
+
+
 # HF activation names (config `activation_function` / `hidden_act`).
 ACTIVATIONS = {
     "gelu_new": functools.partial(tf.nn.gelu, approximate=True),
@@ -27,8 +34,8 @@ ACTIVATIONS = {
     "gelu": functools.partial(tf.nn.gelu, approximate=False),
     "quick_gelu": lambda x: x * tf.sigmoid(1.702 * x),
     "relu": tf.nn.relu,
-    "silu": tf.nn.silu,
-    "swish": tf.nn.silu,
+    "silu": silu,
+    "swish": silu,
     "tanh": tf.math.tanh,
 }
 

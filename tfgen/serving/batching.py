@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tfgen.config.knobs import KNOBS
 from tfgen.decoding.strategies import STRATEGIES
-from tfgen.engine.scheduler import EngineFull, EngineStopped, ExportedSlots, Row, SlotEngine, warm_up
+from tfgen.engine.scheduler import EngineFull, EngineStopped, ExportedSlots, Row, SlotEngine
 from tfgen.engine.slot_state import REQUEST_KNOBS
 from tfgen.export.request_checks import request_checks
 from tfgen.export.signature_inputs import default_row_seeds
@@ -38,21 +38,34 @@ _ENGINE_MODES = {mode.value: strategy.slot_sampling for mode, strategy in STRATE
 _TEXT_SIGNATURES = ("text_tokenize", "text_detokenize")
 
 
-def attach_engine(served, *, steps_per_call: int, max_queue: int | None = None,
-                  warm: bool = True) -> SlotEngine | None:
-    """Starts `served`'s continuous-batching engine when its export has the slot signatures (None otherwise);
-    `warm` decodes one row first, so the programs compile before the first request."""
+def attach_engine(served, *, steps_per_call: int, max_queue: int | None = None) -> SlotEngine | None:
+    """Starts `served`'s continuous-batching engine when its export has the slot signatures (None otherwise). Its
+    programs compile on their first call (`tfgen.engine.scheduler.warm_up` decodes one row to have them before the
+    first request)."""
     if "slot_init" not in served.signatures:
         return None
     with open(os.path.join(served.directory, "assets.extra", "tfgen_export.json"), encoding="utf-8") as file:
         info = json.load(file)["slots"]
     served.engine = SlotEngine(ExportedSlots(served.signatures, info), steps_per_call=steps_per_call,
                                max_queue=max_queue)
-    if warm:
-        seconds = warm_up(served.engine)
-        logger.info("continuous batching: %d slots of %d columns, %d tokens per call (warm-up %.1f s)",
-                    info["slots"], info["length"], steps_per_call, seconds)
+    logger.info("continuous batching: %d slots of %d columns, %d tokens per call", info["slots"], info["length"],
+                steps_per_call)
     return served.engine
+
+
+def engine_signatures(served) -> frozenset[str]:
+    """The signatures whose rows `served`'s engine decodes when they fit a slot (none without an engine): their
+    whole-call programs run only for longer rows, whose other shape compiles its own program anyway, so a warm-up
+    record for them (one short row) would compile a program no request runs."""
+    engine = getattr(served, "engine", None)
+    if engine is None:
+        return frozenset()
+    names = {"greedy", "sample"}
+    if engine.programs.info["serving_default_mode"] in _ENGINE_MODES:
+        names.add("serving_default")
+        if all(name in served.signatures for name in _TEXT_SIGNATURES):
+            names.add("generate_text")
+    return frozenset(names & set(served.signatures))
 
 
 def engine_predict(served, signature_name: str, inputs: dict) -> dict | None:
@@ -254,4 +267,5 @@ def text_stream(model, body: dict, answer_whole):
     return TextStream(stream_text(model, encoded))
 
 
-__all__ = ["TextStream", "attach_engine", "text_stream", "engine_predict", "engine_rows", "engine_text", "stream_text"]
+__all__ = ["TextStream", "attach_engine", "text_stream", "engine_predict", "engine_signatures", "engine_rows",
+           "engine_text", "stream_text"]

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from tfgen.engine.scheduler import warm_up as warm_up_engine
 from tfgen.export.reading import export_tokenizer, export_versions
 from tfgen.export.warmup import replay_warmup_requests
 from tfgen.generation import compile_cache
-from tfgen.serving.batching import attach_engine, engine_predict
+from tfgen.serving.batching import attach_engine, engine_predict, engine_signatures
 from tfgen.serving.errors import bad_request, error_text
 from tfgen.serving.xla_programs import drop_compiled_programs
 from tfgen.value_types import is_integer
@@ -98,11 +99,20 @@ class ServedModel:
         `release_memory` dropped compile again before a request needs them. A failure is logged: the version
         keeps serving (its requests compile what they run)."""
         try:
-            replay_warmup_requests(self.directory, self.signatures)
-            if self.engine is not None:
-                warm_up_engine(self.engine)
+            warm_up_version(self)
         except Exception:
             logger.exception("warming version %d of %r up again failed", self.version, self.name)
+
+
+def warm_up_version(served: ServedModel) -> None:
+    """Compiles what `served` runs before a request needs it: its engine's programs (`warm_up_engine`) in a thread
+    beside the export's warm-up records (`replay_warmup_requests`), so the two use both cores, leaving out the
+    records of the signatures the engine decodes (`engine_signatures`: those programs would serve no request)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="tfgen-engine-warm-up") as pool:
+        engine = None if served.engine is None else pool.submit(warm_up_engine, served.engine)
+        replay_warmup_requests(served.directory, served.signatures, skip=engine_signatures(served))
+        if engine is not None:
+            logger.info("continuous batching: warm-up %.1f s", engine.result())
 
 
 def release_memory(xla: bool = False, served: list[ServedModel] | tuple = ()) -> None:
@@ -163,10 +173,6 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
         meta_graph = saved_model_pb2.SavedModel.FromString(file.read()).meta_graphs[0]
     signatures = dict(loaded.signatures)
     xla = any(function.attr["_XlaMustCompile"].b for function in meta_graph.graph_def.library.function)
-    if warmup:
-        logger.info("loaded in %.1f s; warming up (the programs compile on their first call)",
-                    time.monotonic() - started)
-        replay_warmup_requests(directory, signatures)
     served = ServedModel(
         name=model_name or os.path.basename(os.path.normpath(export_dir)),
         version=int(version),
@@ -185,7 +191,11 @@ def load_export(export_dir: str | os.PathLike, model_name: str | None = None, *,
         logger.warning("version %d of %r: its tokenizer (assets.extra/) does not load, so the OpenAI routes cannot "
                        "take text: %s", served.version, served.name, error)
     if batching is not None:
-        attach_engine(served, warm=warmup, **batching)
+        attach_engine(served, **batching)
+    if warmup:
+        logger.info("loaded in %.1f s; warming up (the programs compile on their first call)",
+                    time.monotonic() - started)
+        warm_up_version(served)
     # Loading and the first compiles free much (the restore's buffers, the compilers' working memory) that glibc
     # would keep: ~0.1 GB after loading SmolLM2-135M's export, ~0.4 GB after its warm-up and engine.
     release_memory()
