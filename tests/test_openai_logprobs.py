@@ -7,6 +7,7 @@ export made before the slot state recorded log-probabilities included.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 
@@ -46,9 +47,13 @@ def serve(export_dir):
 
 
 @pytest.fixture(scope="module")
-def client(chat_model_dir, tmp_path_factory):
-    served, http_server = serve(export(chat_model_dir, tmp_path_factory.mktemp("logprobs") / MODEL,
-                                       "--slot-logprobs", "20"))
+def export_dir(chat_model_dir, tmp_path_factory):
+    return export(chat_model_dir, tmp_path_factory.mktemp("logprobs") / MODEL, "--slot-logprobs", "20")
+
+
+@pytest.fixture(scope="module")
+def client(export_dir):
+    served, http_server = serve(export_dir)
     yield openai.OpenAI(base_url=http_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     http_server.shutdown()
     http_server.server_close()
@@ -93,6 +98,49 @@ def test_greedy_chat_logprobs_equal_the_model_and_streaming_gives_the_same(clien
     streamed = [entry for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
                 for entry in chunk.choices[0].logprobs.content]
     assert [entry.model_dump() for entry in streamed] == [entry.model_dump() for entry in content]
+
+
+def test_steps_record_logprobs_only_when_a_running_slot_wants_them(export_dir):
+    """`record_logprobs`: a call where no running slot wants log-probabilities skips their top-K and leaves the
+    state's entries as they were; one slot wanting them has its entries written."""
+    signatures = tf.saved_model.load(os.path.join(export_dir, "1")).signatures
+    ids = np.array([[5, 6, 7], [8, 9, 10]], np.int32)
+    state = signatures["slot_insert"](
+        **signatures["slot_init"](), new_input_ids=ids, new_attention_mask=np.ones_like(ids),
+        new_width=np.array([3, 3], np.int32), new_slot=np.array([0, 1], np.int32),
+        new_max_new_tokens=np.array([BUFFER, BUFFER], np.int32), new_seed=np.zeros([2, 2], np.int32),
+        new_do_sample=np.array([False, False]), new_temperature=np.ones([2], np.float32),
+        new_top_k=np.zeros([2], np.int32), new_top_p=np.ones([2], np.float32))
+    before = {name: state[name].numpy() for name in state if name.startswith("logprobs_")}
+    assert set(before) == {"logprobs_chosen", "logprobs_top_ids", "logprobs_top"}
+    assert (before["logprobs_chosen"][:, 3] != 0).all()  # the first new token's, chosen at insert
+
+    def step(state, wanted):
+        return signatures["slot_steps"](**state, max_steps=tf.constant(1), release=tf.zeros([2], tf.bool),
+                                        record_logprobs=tf.constant(wanted))
+
+    skipped = step(state, [False, False])
+    assert int(skipped["length"][0]) == 5  # it decoded: the token at column 4 was chosen
+    for name, value in before.items():
+        np.testing.assert_array_equal(skipped[name].numpy(), value)
+    recorded = step(skipped, [True, False])
+    assert recorded["logprobs_chosen"].numpy()[0, 5] != 0
+    np.testing.assert_array_equal(recorded["logprobs_chosen"].numpy()[:, :5], before["logprobs_chosen"][:, :5])
+
+
+def test_a_request_with_logprobs_beside_requests_without(client, tiny_model, tokenizer):
+    """Rows that want no log-probabilities share the engine's calls with one that does: its values stay exact."""
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        plain = [pool.submit(client.chat.completions.create, model=MODEL, messages=MESSAGES, temperature=0.9,
+                             seed=seed, max_tokens=BUFFER) for seed in (1, 2)]
+        asking = pool.submit(client.chat.completions.create, model=MODEL, messages=MESSAGES, temperature=0,
+                             max_tokens=6, logprobs=True, top_logprobs=3)
+        answers = [future.result() for future in plain]
+        content = asking.result().choices[0].logprobs.content
+    assert all(answer.choices[0].logprobs is None for answer in answers)
+    tokens = ids_of(tokenizer, [entry.token for entry in content])
+    check_chat_content(content, raw_logprobs(tiny_model, prompt, tokens), tokenizer, 3, greedy=True)
 
 
 def test_sampled_tokens_get_the_raw_logprobs_before_temperature(client, tiny_model, tokenizer):

@@ -184,7 +184,11 @@ class SlotEngine:
                     self._deliver()
                 if any(self._owners) or released.any():
                     rows = self._rows_in_use(released)
-                    self._state = self.programs.steps(self._state, self.steps_per_call, released, rows)
+                    if self.top_logprobs:
+                        wanted = np.array([row is not None and row.logprobs for row in self._owners])
+                        self._state = self.programs.steps(self._state, self.steps_per_call, released, rows, wanted)
+                    else:
+                        self._state = self.programs.steps(self._state, self.steps_per_call, released, rows)
                     self.counts["steps"] += 1
                     self._deliver()
         except BaseException as error:  # the programs failed: every row still here gets the error
@@ -306,6 +310,8 @@ class ExportedSlots:
                        for rows in self.row_buckets}
         self.budget_cap, self.pad_token_id = int(info["max_new_tokens"]), int(info["pad_token_id"])
         self.top_logprobs = int(info.get("top_logprobs", 0))  # 0 in exports made before the slot state had them
+        # Exports made before `record_logprobs` record them in every step.
+        self._records = "record_logprobs" in self._steps[self.slots].structured_input_signature[1]
         self.info = info
 
     def init(self) -> SlotState:
@@ -315,7 +321,14 @@ class ExportedSlots:
         new = {f"new_{name}": tf.constant(value) for name, value in rows.items()}
         return SlotState.from_flat(self._insert(**state.to_flat(), **new))
 
-    def steps(self, state: SlotState, max_steps: int, release: np.ndarray, rows: int) -> SlotState:
+    def steps(self, state: SlotState, max_steps: int, release: np.ndarray, rows: int,
+              record: np.ndarray | None = None) -> SlotState:
+        """`record`: bool `[S]`, the slots whose rows want log-probabilities (None: all of them)."""
+        if self._records:
+            wanted = np.ones([self.slots], bool) if record is None else record
+            return SlotState.from_flat(self._steps[rows](**state.to_flat(), max_steps=tf.constant(max_steps, tf.int32),
+                                                         release=tf.constant(release),
+                                                         record_logprobs=tf.constant(wanted)))
         return SlotState.from_flat(self._steps[rows](**state.to_flat(), max_steps=tf.constant(max_steps, tf.int32),
                                                      release=tf.constant(release)))
 

@@ -179,24 +179,26 @@ class SlotPrograms:
     # ------------------------------------------------------------------------------------------------------
     # steps
 
-    def steps(self, state: SlotState, max_steps, release, rows: int | None = None) -> SlotState:
+    def steps(self, state: SlotState, max_steps, release, rows: int | None = None, record=None) -> SlotState:
         """Ends the slots where `release` (bool `[S]`) is true, then runs up to `max_steps` (int32 scalar) tokens
         of every running slot, stopping early once every slot finished. Returns the state.
 
         rows: a static count: only slots `[0, rows)` run (the others must be empty or finished), so a lightly
         loaded engine pays for the rows it uses, not for all S (None: every slot).
+        record: bool `[S]`, the slots whose requests want log-probabilities (programs with `top_logprobs`; None:
+        every slot). A step in which no running slot wants them skips their top-K, a sort of every row's logits.
         """
         state = state._replace(finished=state.finished | release)
         if rows is not None and rows < self.slots:
             head = self.steps(tf.nest.map_structure(lambda value: value[:rows], state), max_steps,
-                              tf.zeros([rows], tf.bool))
+                              tf.zeros([rows], tf.bool), record=None if record is None else record[:rows])
             return tf.nest.map_structure(lambda ran, value: tf.concat([ran, value[rows:]], axis=0), head, state)
 
         def keep_going(count, state):
             return (count < max_steps) & ~tf.reduce_all(state.finished)
 
         def step(count, state):
-            return count + 1, self._step(state)
+            return count + 1, self._step(state, record)
 
         return tf.while_loop(keep_going, step, (tf.constant(0, tf.int32), state))[1]
 
@@ -208,18 +210,19 @@ class SlotPrograms:
             rows *= 2
         return buckets + [self.slots]
 
-    def _step(self, state: SlotState) -> SlotState:
-        """Runs every slot's last written token through the model and chooses the next one."""
+    def _step(self, state: SlotState, record=None) -> SlotState:
+        """Runs every slot's last written token through the model and chooses the next one (`record`: `steps`')."""
         pending = tf.maximum(state.length - 1, 0)
         tokens = tf.gather(state.tokens, pending[:, tf.newaxis], axis=1, batch_dims=1)
         out = self.model.call_with_cache(tokens, state.cache, pending, state.mask, state.position[:, tf.newaxis])
         running = ~state.finished
         state = state._replace(cache=out.cache, position=state.position + tf.cast(running, tf.int32))
-        return self._choose(state, tf.cast(out.logits[:, -1, :], tf.float32))
+        return self._choose(state, tf.cast(out.logits[:, -1, :], tf.float32), record)
 
-    def _choose(self, state: SlotState, logits) -> SlotState:
+    def _choose(self, state: SlotState, logits, record=None) -> SlotState:
         """Chooses each running row's token at column `length` from `logits` float32 `[R, V]` and commits it
-        (`commit_per_row`: the mask, eos / budget / stop strings, `finished`, `generated`), advancing `length`."""
+        (`commit_per_row`: the mask, eos / budget / stop strings, `finished`, `generated`), advancing `length`;
+        records the log-probabilities where `record` (bool `[R]`, None: every row) allows."""
         column, width = state.length, state.width
         # A row's prompt, as sent, is its columns [0, width): HF's `encoder_input_ids` of a decoder-only model.
         prompt_columns = tf.range(tf.shape(state.tokens)[1])[tf.newaxis, :] < width[:, tf.newaxis]
@@ -246,14 +249,18 @@ class SlotPrograms:
         )
         return state._replace(tokens=committed.sequences, mask=committed.mask, finished=committed.finished,
                               generated=committed.generated, length=column + tf.cast(running, tf.int32),
-                              logprobs=self._record(state.logprobs, logits, chosen, column, running))
+                              logprobs=self._record(state.logprobs, logits, chosen, column, running, record))
 
-    def _record(self, logprobs: dict, logits, chosen, column, running) -> dict:
+    def _record(self, logprobs: dict, logits, chosen, column, running, record=None) -> dict:
         """`logprobs` (`SlotState.logprobs`) with each running row's entries at its `column` (int32 `[R]`) written:
         the raw log-probabilities of `logits` float32 `[R, V]` (before any processor, as vLLM reports them by
-        default) of `chosen` int32 `[R]` and of the K most likely tokens."""
+        default) of `chosen` int32 `[R]` and of the K most likely tokens; unchanged when no running row is in
+        `record` (bool `[R]`; None: every row is)."""
         if not logprobs:
             return logprobs
+        if record is not None:
+            return tf.cond(tf.reduce_any(record & running),
+                           lambda: self._record(logprobs, logits, chosen, column, running), lambda: dict(logprobs))
         # log_softmax(x)_i = x_i - logsumexp(x): the top K of the logits are those of the log-probabilities.
         total = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
         top, top_ids = tf.math.top_k(logits, k=self.top_logprobs)

@@ -79,6 +79,8 @@ def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
                  for name, (dtype, shape) in INSERT_INPUTS.items()}
     steps_specs = {"max_steps": tf.TensorSpec([], tf.int32, name="max_steps"),
                    "release": tf.TensorSpec([programs.slots], tf.bool, name="release")}
+    if programs.top_logprobs:  # the slots whose requests want log-probabilities (see SlotPrograms.steps)
+        steps_specs["record_logprobs"] = tf.TensorSpec([programs.slots], tf.bool, name="record_logprobs")
     insert_program = tf.function(programs.insert, jit_compile=jit_compile, autograph=False)
     steps_program = tf.function(programs.steps, jit_compile=jit_compile, autograph=False, reduce_retracing=False)
 
@@ -93,7 +95,8 @@ def slot_functions(programs: SlotPrograms, jit_compile: bool = True) -> dict:
     def steps_over(rows):
         def steps(inputs):
             state = programs.state_from_flat({name: inputs[name] for name in state_specs})
-            return steps_program(state, inputs["max_steps"], inputs["release"], rows).to_flat()
+            return steps_program(state, inputs["max_steps"], inputs["release"], rows,
+                                 inputs.get("record_logprobs")).to_flat()
 
         return tf.function(steps, input_signature=[{**state_specs, **steps_specs}], autograph=False)
 
