@@ -122,7 +122,8 @@ def test_export_has_slot_signatures_for_a_driver_outside_tfgen(export_dir, serve
         new_temperature=np.array([1.0, 0.8], np.float32), new_top_k=np.array([0, 10], np.int32),
         new_top_p=np.array([1.0, 0.95], np.float32))
     while not bool(tf.reduce_all(state["finished"])):
-        state = signatures["slot_steps"](**state, max_steps=tf.constant(4), release=tf.zeros([SLOTS], tf.bool))
+        state = signatures["slot_steps"](**state, max_steps=tf.constant(4), release=tf.zeros([SLOTS], tf.bool),
+                                         record_logprobs=tf.ones([SLOTS], tf.bool))
     greedy = tiny_model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                  eos_token_id=tiny_model.generation_config.eos_token_id).numpy()[0]
     sampled = tiny_model.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=6, do_sample=True, seed=[[3, 4]],
@@ -306,7 +307,8 @@ def test_slots_apply_the_prompt_penalty_of_the_export_config(tmp_path, tiny_mode
         new_temperature=np.array([1.0], np.float32), new_top_k=np.array([0], np.int32),
         new_top_p=np.array([1.0], np.float32))
     while not bool(tf.reduce_all(state["finished"])):
-        state = signatures["slot_steps"](**state, max_steps=tf.constant(4), release=tf.zeros([2], tf.bool))
+        state = signatures["slot_steps"](**state, max_steps=tf.constant(4), release=tf.zeros([2], tf.bool),
+                                         record_logprobs=tf.zeros([2], tf.bool))
     eos = tiny_model.generation_config.eos_token_id
     expected = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                    eos_token_id=eos, encoder_repetition_penalty=3.0).numpy()[0]

@@ -63,8 +63,8 @@ def add_parser(subparsers) -> None:
                         "--max-new-tokens + 256, within the model's positions)")
     parser.add_argument("--slot-logprobs", type=int, metavar="K",
                         help="most likely tokens whose log-probabilities the slot signatures record per new token, "
-                        "which `tfgen serve` answers OpenAI's logprobs / top_logprobs from (default 0: none, so a "
-                        "decode step skips the top-K over the vocabulary; 20: OpenAI's limit, at a cost in speed)")
+                        "which `tfgen serve` answers OpenAI's logprobs / top_logprobs from (default 20, OpenAI's "
+                        "limit; a step pays the top-K over the vocabulary only when a request asked for them; 0: none)")
     add_structured_arguments(parser, "every signature's output (the automaton is baked in; prompt_lookup and the "
                              "slot signatures are left out)")
     parser.add_argument("--structured-inputs", type=_table_sizes, metavar="STATES,CLASSES",

@@ -42,7 +42,8 @@ KEY_FILE = "tfgen-export-key.json"
 DEFAULT_STRUCTURED_INPUTS = (2048, 512)
 #: Bumped when what an export holds changes within one tfgen version, so that older cached exports are redone
 #: (2: the slot state records log-probabilities, for OpenAI's `logprobs`; 3: it records none unless asked for,
-#: `--slot-logprobs`; 4: constants merged and SiLU without its saved gradient, so it loads in about half the time).
+#: `--slot-logprobs`; 4: constants merged and SiLU without its saved gradient, so it loads in about half the time,
+#: and the top 20 recorded again by default, now only in the steps of requests that ask for them).
 EXPORT_LAYOUT = 4
 
 

@@ -67,7 +67,7 @@ def add_parser(subparsers) -> None:
                            help="automaton table sizes of the `structured` signature, which serves the OpenAI "
                            f"routes' response_format (default {default_tables}; 0: leave it out)")
     exporting.add_argument("--slot-logprobs", type=int, metavar="K", help="log-probabilities recorded per token for "
-                           "OpenAI's logprobs (`tfgen export --slot-logprobs`; default 0: none, 20 to answer them)")
+                           "OpenAI's logprobs (`tfgen export --slot-logprobs`; default 20, OpenAI's limit; 0: none)")
     parser.add_argument(
         "--port", type=int, default=None,
         help=f"gRPC port (default {DEFAULT_GRPC_PORT}, TF Serving's; 0: any free). gRPC needs tensorflow-serving-api "

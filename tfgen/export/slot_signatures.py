@@ -5,7 +5,8 @@ tfgen (another process, a TPU host, `tfgen serve`'s engine) runs continuous batc
 
     state = slot_init()                                       every slot empty
     state = slot_insert(**state, new_input_ids=..., ...)      admit rows into free slots (prefill + first token)
-    state = slot_steps(**state, max_steps=k, release=...)     advance every running slot up to k tokens
+    state = slot_steps(**state, max_steps=k, release=...,     advance every running slot up to k tokens
+                       record_logprobs=...)                   (K > 0 only: the slots wanting log-probabilities)
     state = slot_steps_<n>(...)                               the same over slots [0, n) only (n: powers of two)
 
 Every state entry is an input and an output of the same name (`state_specs`), so outputs feed the next call as
@@ -35,10 +36,11 @@ INSERT_INPUTS = {
     **{name: (tf.as_dtype(KNOBS[name].dtype), []) for name in REQUEST_KNOBS},
 }
 DEFAULT_SLOTS = 8
-#: The most likely tokens whose log-probabilities the slot state records per new token by default: none. Recording
-#: the top 20 (OpenAI's and vLLM's `top_logprobs` limit, what `tfgen serve` answers `logprobs` requests from) made
-#: SmolLM2's 16-client serving 0.63x as fast (docs/serving.md), so it is asked for: `--slot-logprobs 20`.
-DEFAULT_SLOT_LOGPROBS = 0
+#: The most likely tokens whose log-probabilities the slot state records per new token by default: 20, OpenAI's and
+#: vLLM's `top_logprobs` limit, what `tfgen serve` answers `logprobs` requests from. Only the steps in which a running
+#: slot's request asked for them pay the top-K (`record_logprobs`): SmolLM2 served to 16 clients asking for none runs
+#: at 0.96x `generate()` (docs/serving.md); when every row asks, at ~0.6x.
+DEFAULT_SLOT_LOGPROBS = 20
 
 
 def export_slot_programs(exporter, model, slots, slot_length, jit_compile, slot_logprobs=None):
