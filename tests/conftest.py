@@ -126,6 +126,19 @@ def read_jsonl(path) -> list:
         return [json.loads(line) for line in file]
 
 
+def batch_reference(model, tokenizer, rows: list, folder, sampled: bool, new_tokens: int) -> tuple:
+    """What `tfgen batch` writes for `rows` on `model` (job seed 3 4; top-k 20 sampling when `sampled`): (the rows'
+    JSONL file under `folder`, a pathlib.Path, the output file, the same job's `python -m tfgen.beam` flags)."""
+    from tfgen.batch import run_batch_job
+
+    source = write_jsonl(folder / "rows.jsonl", rows)
+    expected = folder / "batch.jsonl"
+    run_batch_job(model, source, expected, tokenizer=tokenizer, max_new_tokens=new_tokens, progress=False,
+                  seed=[3, 4], **({"do_sample": True, "top_k": 20} if sampled else {}))
+    flags = ["--seed", "3", "4", "--max-new-tokens", str(new_tokens)]
+    return source, expected, flags + (["--do-sample", "--top-k", "20"] if sampled else [])
+
+
 def with_row_options(row: dict, index: int, rng, sampled: bool, budget: int, seed_every: int, knob_every: int
                      ) -> dict:
     """`row` (a `tfgen batch` row) given, by its `index`, its own budget (every 5th, from 1 to `budget`) and, in a

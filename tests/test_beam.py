@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import read_jsonl, with_row_options, word_level_tokenizer, write_jsonl
+from conftest import batch_reference, read_jsonl, with_row_options, word_level_tokenizer, write_jsonl
 from llama_checkpoints import build_hf_model  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen.batch import run_batch_job
@@ -59,15 +59,10 @@ def test_pipeline_writes_tfgen_batchs_rows_also_reshuffled_and_rebatched(loaded,
     line for line; over the same rows reshuffled and cut into other Beam batches, every row's output is the same."""
     model, tokenizer = loaded
     rows = _rows(200, sampled)
-    knobs = ["--do-sample", "--top-k", "20"] if sampled else []
-    source = write_jsonl(tmp_path / "rows.jsonl", rows)
-    expected = tmp_path / "batch.jsonl"
-    # What `tfgen batch` runs on its loaded model.
-    run_batch_job(model, source, expected, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS, progress=False,
-                  seed=[3, 4], **({"do_sample": True, "top_k": 20} if sampled else {}))
+    # What `tfgen batch` runs on its loaded model, and the same job's flags.
+    source, expected, job = batch_reference(model, tokenizer, rows, tmp_path, sampled, NEW_TOKENS)
     output = tmp_path / "beam.jsonl"
-    status = main(["--input", source, "--output", str(output), "--model", llama_dir, "--seed", "3", "4",
-                   "--max-new-tokens", str(NEW_TOKENS), *knobs, *DIRECT])
+    status = main(["--input", source, "--output", str(output), "--model", llama_dir, *job, *DIRECT])
     assert status == 0
     assert output.read_bytes() == expected.read_bytes()
     assert {row["finish_reason"] for row in read_jsonl(output)} >= {"length"}
@@ -76,8 +71,7 @@ def test_pipeline_writes_tfgen_batchs_rows_also_reshuffled_and_rebatched(loaded,
     random.Random(1).shuffle(shuffled)
     again = tmp_path / "shuffled.jsonl"
     status = main(["--input", write_jsonl(tmp_path / "shuffled_rows.jsonl", shuffled), "--output", str(again),
-                   "--model", llama_dir, "--seed", "3", "4", "--max-new-tokens", str(NEW_TOKENS), *knobs,
-                   "--min-batch-size", "1", "--max-batch-size", "13", *DIRECT])
+                   "--model", llama_dir, *job, "--min-batch-size", "1", "--max-batch-size", "13", *DIRECT])
     assert status == 0
     by_id = {json.dumps(row["id"]): row for row in read_jsonl(expected)}
     assert read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import CHAT_TEMPLATE, read_jsonl, with_row_options, word_level_tokenizer, write_jsonl
+from conftest import CHAT_TEMPLATE, batch_reference, read_jsonl, with_row_options, word_level_tokenizer, write_jsonl
 from llama_checkpoints import build_hf_model  # noqa: I001 (tests/ is on sys.path under pytest)
 
 from tfgen.batch import run_batch_job
@@ -21,7 +21,6 @@ from tfgen.beam import TFGenModelHandler, main
 
 NEW_TOKENS = 8
 DIRECT = ["--runner=DirectRunner"]
-SEED = ["--seed", "3", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +79,9 @@ def test_pipeline_over_an_export_writes_tfgen_batchs_rows_also_reshuffled(loaded
     model folder byte for byte; over the rows reshuffled and cut into other Beam batches, every row is the same."""
     model, tokenizer = loaded
     rows = _rows(40, sampled)
-    knobs = ["--do-sample", "--top-k", "20"] if sampled else []
-    source = write_jsonl(tmp_path / "rows.jsonl", rows)
-    expected = tmp_path / "batch.jsonl"
-    run_batch_job(model, source, expected, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS, progress=False,
-                  seed=[3, 4], **({"do_sample": True, "top_k": 20} if sampled else {}))
+    source, expected, job = batch_reference(model, tokenizer, rows, tmp_path, sampled, NEW_TOKENS)
     output = tmp_path / "beam.jsonl"
-    assert main(["--input", source, "--output", str(output), "--model", export_dir, *SEED,
-                 "--max-new-tokens", str(NEW_TOKENS), *knobs, *DIRECT]) == 0
+    assert main(["--input", source, "--output", str(output), "--model", export_dir, *job, *DIRECT]) == 0
     assert output.read_bytes() == expected.read_bytes()
     written = read_jsonl(output)
     assert {row["finish_reason"] for row in written} >= {"length"} and all(row["text"] for row in written[:3])
@@ -97,8 +91,7 @@ def test_pipeline_over_an_export_writes_tfgen_batchs_rows_also_reshuffled(loaded
     again = tmp_path / "shuffled.jsonl"
     version_dir = os.path.join(export_dir, "1")  # a version folder names the export too
     assert main(["--input", write_jsonl(tmp_path / "shuffled_rows.jsonl", shuffled), "--output", str(again),
-                 "--model", version_dir, *SEED, "--max-new-tokens", str(NEW_TOKENS), *knobs,
-                 "--min-batch-size", "1", "--max-batch-size", "7", *DIRECT]) == 0
+                 "--model", version_dir, *job, "--min-batch-size", "1", "--max-batch-size", "7", *DIRECT]) == 0
     by_id = {json.dumps(row["id"]): row for row in written}
     assert read_jsonl(again) == [by_id[json.dumps(row["id"])] for row in shuffled]
 

@@ -316,6 +316,24 @@ def test_arguments_that_are_not_utf8_are_one_clear_line(capsys, argv, named):
     assert "\\x" in err  # the offending bytes, as bytes
 
 
+def test_serve_model_leaves_the_whole_call_only_signatures_out_unless_named(monkeypatch, tmp_path):
+    """`tfgen serve --model` exports every signature but beam_search / contrastive / prompt_lookup; `--signatures`
+    names its own set instead, `--signatures all` every one."""
+    import tfgen.serving
+    from tfgen.commands import export_cache
+
+    exported = []
+    monkeypatch.setattr(export_cache, "cached_export", lambda model, options: exported.append(options) or
+                        (str(tmp_path), "m"))
+    monkeypatch.setattr(tfgen.serving, "serve", lambda export_dir, **options: None)
+    for flags in ([], ["--signatures", "all"], ["--signatures", "greedy,beam_search"]):
+        assert main(["serve", "--model", "m", "--port", "0", "--rest_api_port", "0", *flags]) == 0
+    assert [(options.get("signatures"), options.get("leave_out")) for options in exported] == [
+        (None, list(WHOLE_CALL_ONLY)), (None, None), (["greedy", "beam_search"], None)]
+    argv = export_cache.export_command("m.gguf", "out", version=1, leave_out=list(WHOLE_CALL_ONLY))
+    assert argv[argv.index("--leave-out") + 1] == ",".join(WHOLE_CALL_ONLY)  # the child `tfgen export`'s flag
+
+
 def test_export_leave_out_writes_the_default_signatures_but_those(model_dir, tmp_path, capsys):
     out = tmp_path / "lean"
     assert main(["export", str(out), "--model", model_dir, "--no-jit", "--no-text", "--max-new-tokens", "2",
@@ -326,12 +344,14 @@ def test_export_leave_out_writes_the_default_signatures_but_those(model_dir, tmp
 
 @pytest.mark.parametrize("argv, error", [
     (["--leave-out", "beam"], "leave_out: unknown signature 'beam'"),
-    (["--leave-out", "greedy", "--signatures", "sample"], "--signatures and --leave-out: give one"),
-], ids=["unknown", "both"])
+    (["--leave-out", "serving_default,greedy,sample,beam_search,contrastive,prompt_lookup,generate_text"],
+     "leave_out: names every signature"),
+    (["--leave-out", "greedy", "--signatures", "sample"], r"signatures and leave_out \(--signatures, --leave-out\)"),
+], ids=["unknown", "every", "both"])
 def test_export_leave_out_refusals(model_dir, tmp_path, capsys, argv, error):
     assert main(["export", str(tmp_path / "out"), "--model", model_dir, *argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tfgen: error: {error}")
+    assert err.count("\n") == 1 and re.match(f"tfgen: error: {error}", err)
     assert not (tmp_path / "out").exists()
 
 

@@ -122,9 +122,6 @@ def run(args) -> int:
 def check_export_arguments(args) -> None:
     """Range checks of the numbers that shape every exported program, before the model is even loaded: an export
     with a million beams would be written, but every call of it would fail."""
-    if args.signatures is not None and args.leave_out is not None:
-        raise ValueError("--signatures and --leave-out: give one (the signatures to export, or those to leave out "
-                         "of the default ones)")
     for option, value, low, high in (
         ("--num-beams", args.num_beams, 2, MAX_BEAMS),
         ("--contrastive-top-k", args.contrastive_top_k, 2, MAX_BEAMS),
@@ -159,9 +156,14 @@ def export_model(
     from tfgen.hub.pull import resolve_model_argument
     from tfgen.models.loading import resolve_model_directory
 
+    if signatures is not None and leave_out:
+        raise ValueError("signatures and leave_out (--signatures, --leave-out): give one, the signatures to export "
+                         "or those to leave out of the default ones")
     unknown = [name for name in leave_out if name not in SIGNATURES]
     if unknown:
         raise ValueError(f"leave_out: unknown signature {unknown[0]!r}; the signatures are {', '.join(SIGNATURES)}")
+    if set(SIGNATURES) <= set(leave_out):
+        raise ValueError("leave_out: names every signature, leaving none to export")
     model_path = resolve_model_argument(model_path)
     # A GGUF file holds its tokenizer; a directory may lack one.
     source = model_path if is_gguf_path(model_path) else resolve_model_directory(model_path)
@@ -192,6 +194,9 @@ def export_model(
 
         signatures = [name for name in default_signatures(model, tokenizer is not None and text)
                       if name not in leave_out]
+        if not signatures:
+            raise ValueError(f"leave_out: {', '.join(leave_out)} leaves none of the signatures this model can "
+                             "have")
     if stop_strings:
         options["stop_strings"] = stop_strings
     try:

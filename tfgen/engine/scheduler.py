@@ -184,11 +184,10 @@ class SlotEngine:
                     self._deliver()
                 if any(self._owners) or released.any():
                     rows = self._rows_in_use(released)
-                    if self.top_logprobs:
-                        wanted = np.array([row is not None and row.logprobs for row in self._owners])
-                        self._state = self.programs.steps(self._state, self.steps_per_call, released, rows, wanted)
-                    else:
-                        self._state = self.programs.steps(self._state, self.steps_per_call, released, rows)
+                    # Which slots' rows want log-probabilities (programs recording none take no such argument).
+                    wanted = ([np.array([row is not None and row.logprobs for row in self._owners])]
+                              if self.top_logprobs else [])
+                    self._state = self.programs.steps(self._state, self.steps_per_call, released, rows, *wanted)
                     self.counts["steps"] += 1
                     self._deliver()
         except BaseException as error:  # the programs failed: every row still here gets the error
@@ -324,13 +323,11 @@ class ExportedSlots:
     def steps(self, state: SlotState, max_steps: int, release: np.ndarray, rows: int,
               record: np.ndarray | None = None) -> SlotState:
         """`record`: bool `[S]`, the slots whose rows want log-probabilities (None: all of them)."""
+        wanted = {}
         if self._records:
-            wanted = np.ones([self.slots], bool) if record is None else record
-            return SlotState.from_flat(self._steps[rows](**state.to_flat(), max_steps=tf.constant(max_steps, tf.int32),
-                                                         release=tf.constant(release),
-                                                         record_logprobs=tf.constant(wanted)))
+            wanted["record_logprobs"] = tf.constant(np.ones([self.slots], bool) if record is None else record)
         return SlotState.from_flat(self._steps[rows](**state.to_flat(), max_steps=tf.constant(max_steps, tf.int32),
-                                                     release=tf.constant(release)))
+                                                     release=tf.constant(release), **wanted))
 
 
 def warm_up(engine: SlotEngine, timeout: float = 600.0) -> float:

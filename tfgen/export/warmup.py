@@ -181,7 +181,7 @@ def replay_warmup_requests(directory: str, signatures: dict, skip=frozenset()) -
         return 0
     started = time.monotonic()
     requests = read_warmup_requests(path)
-    skipped = set()
+    ran, skipped = 0, set()
     for signature_name, inputs in requests:
         name = signature_name or "serving_default"
         if name not in signatures:
@@ -191,7 +191,7 @@ def replay_warmup_requests(directory: str, signatures: dict, skip=frozenset()) -
             skipped.add(name)
             continue
         signatures[name](**{key: tf.constant(value) for key, value in inputs.items()})
-    ran = len(requests) - sum(1 for name, _ in requests if (name or "serving_default") in skipped)
+        ran += 1
     note = f"; skipped {len(requests) - ran} of {', '.join(sorted(skipped))}" if skipped else ""
     logger.info("warm-up: %d requests from %s ran in %.1f s%s", ran, path, time.monotonic() - started, note)
     return ran

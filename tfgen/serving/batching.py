@@ -54,9 +54,10 @@ def attach_engine(served, *, steps_per_call: int, max_queue: int | None = None) 
 
 
 def engine_signatures(served) -> frozenset[str]:
-    """The signatures whose rows `served`'s engine decodes when they fit a slot (none without an engine): their
-    whole-call programs run only for longer rows, whose other shape compiles its own program anyway, so a warm-up
-    record for them (one short row) would compile a program no request runs."""
+    """The signatures whose rows `served`'s engine decodes when they fit a slot (none without an engine): `greedy`
+    and `sample`, and `serving_default` and `generate_text` (tokenized by `text_tokenize`, answered through
+    `text_detokenize`) when the export's config decodes greedily or samples. Their whole-call programs run only for
+    rows too long for a slot."""
     engine = getattr(served, "engine", None)
     if engine is None:
         return frozenset()
@@ -65,7 +66,7 @@ def engine_signatures(served) -> frozenset[str]:
         names.add("serving_default")
         if all(name in served.signatures for name in _TEXT_SIGNATURES):
             names.add("generate_text")
-    return frozenset(names & set(served.signatures))
+    return frozenset(names)
 
 
 def engine_predict(served, signature_name: str, inputs: dict) -> dict | None:
@@ -82,16 +83,14 @@ def engine_predict(served, signature_name: str, inputs: dict) -> dict | None:
 
 def engine_rows(served, signature_name: str, inputs: dict) -> list[Row] | None:
     """The engine rows of a `:predict` request on `signature_name` (None: run it as a whole call)."""
-    engine = getattr(served, "engine", None)
-    if engine is None:
+    if signature_name not in engine_signatures(served) - {"generate_text"}:
         return None
+    engine = served.engine
     info = engine.programs.info
-    if signature_name in ("greedy", "sample"):
-        do_sample = signature_name == "sample"
-    elif signature_name == "serving_default" and info["serving_default_mode"] in _ENGINE_MODES:
+    if signature_name == "serving_default":
         do_sample = _ENGINE_MODES[info["serving_default_mode"]]
     else:
-        return None
+        do_sample = signature_name == "sample"
     ids = np.asarray(inputs["input_ids"], np.int32)
     mask = np.asarray(inputs["attention_mask"], np.int32)
     count = ids.shape[0]
@@ -163,7 +162,7 @@ def _prompt_seeds(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def text_rows(served, texts: list[bytes]) -> tuple[list[Row], np.ndarray] | None:
     """(engine rows, input_ids) of a `generate_text` request, or None when it runs as a whole call."""
-    if getattr(served, "engine", None) is None or not all(name in served.signatures for name in _TEXT_SIGNATURES):
+    if "generate_text" not in engine_signatures(served):
         return None
     encoded = served.signatures["text_tokenize"](text=tf.constant(texts, tf.string))
     inputs = {"input_ids": encoded["input_ids"].numpy(), "attention_mask": encoded["attention_mask"].numpy()}
